@@ -1,0 +1,1 @@
+"""The Sluice frontend: OpenAI-compatible API, tokenization, routing, enqueue, streaming."""

@@ -1,0 +1,1 @@
+"""HTTP routes, one module per resource; router.py wires them."""

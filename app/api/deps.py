@@ -1,0 +1,52 @@
+"""Dependency aliases that keep handlers short."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.runtime import FrontendRuntime
+from core.errors import InvalidRequest
+from router.policies import RouterOverrides
+
+
+async def _runtime(request: Request) -> FrontendRuntime:
+    return request.app.state.runtime
+
+
+RuntimeDep = Annotated[FrontendRuntime, Depends(_runtime)]
+
+_FLOAT_FIELDS = {"overlap_score_weight", "temperature"}
+_STR_FIELDS = {"mode", "worker_id"}
+
+
+def parse_router_header(value: str | None) -> dict[str, object]:
+    """``x-sluice-router: mode=kv, overlap_score_weight=2, temperature=0.5, worker_id=w1``."""
+    if not value:
+        return {}
+    out: dict[str, object] = {}
+    for part in value.split(","):
+        if not part.strip():
+            continue
+        name, sep, raw = part.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or name not in _FLOAT_FIELDS | _STR_FIELDS:
+            raise InvalidRequest(f"bad x-sluice-router entry {part.strip()!r}", param="x-sluice-router")
+        if name in _FLOAT_FIELDS:
+            try:
+                number = float(raw)
+            except ValueError:
+                raise InvalidRequest(f"x-sluice-router: {name} must be a number", param="x-sluice-router") from None
+            if number < 0:
+                raise InvalidRequest(f"x-sluice-router: {name} must be >= 0", param="x-sluice-router")
+            out[name] = number
+        else:
+            out[name] = raw
+    return out
+
+
+def router_overrides(header: str | None, extension: dict[str, object] | None) -> RouterOverrides:
+    """The request's routing overrides: the body extension wins over the header."""
+    merged = {**parse_router_header(header), **{k: v for k, v in (extension or {}).items() if v is not None}}
+    return RouterOverrides(**merged)  # type: ignore[arg-type]

@@ -1,0 +1,71 @@
+"""The one place where errors become OpenAI-shaped HTTP responses."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from app.protocol.common import encode
+from app.protocol.errors import ErrorBody, ErrorDetail
+from core.errors import RateLimited, SluiceError
+
+log = logging.getLogger(__name__)
+
+
+def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    body = encode(ErrorBody(ErrorDetail(message=message, type=type_, param=param, code=code)))
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def error_payload(exc: SluiceError) -> bytes:
+    return encode(ErrorBody(ErrorDetail(message=exc.message, type=exc.type, param=exc.param, code=exc.code)))
+
+
+async def _sluice_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SluiceError)
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, RateLimited) else None
+    return error_response(exc.status_code, exc.message, exc.type, exc.param, exc.code, headers)
+
+
+def _loc_param(loc: tuple) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or None
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = tuple(first.get("loc", ()))
+    msg = str(first.get("msg", "invalid request"))
+    param = _loc_param(loc)
+    if first.get("type") == "json_invalid":
+        return error_response(400, "the request body is not valid JSON", "invalid_request_error", None, "invalid_json")
+    if first.get("type") == "missing":
+        msg = f"'{param}' is a required property"
+    elif param:
+        msg = f"{param}: {msg}"
+    return error_response(400, msg, "invalid_request_error", param, None)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None, code)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+    return error_response(500, "internal error", "internal_error", None, None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(SluiceError, _sluice_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,22 @@
+"""``GET /v1/models``: the models live workers serve right now."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from app.api.deps import RuntimeDep
+from app.protocol.common import encode
+from app.protocol.models import ModelCardOut, ModelList
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def list_models(rt: RuntimeDep) -> Response:
+    cards = []
+    for name, workers in sorted(rt.directory.served_models().items()):
+        first = workers[0].record
+        cards.append(ModelCardOut(id=name, created=int(min(w.record.started_at for w in workers)),
+                                  max_model_len=first.context_length, root=first.model_path))
+    return Response(encode(ModelList(cards)), media_type="application/json")

@@ -1,0 +1,9 @@
+"""Wires the route modules into one router."""
+
+from fastapi import APIRouter
+
+from app.api import chat, completions, health, models
+
+api_router = APIRouter()
+for module in (health, models, chat, completions):
+    api_router.include_router(module.router)

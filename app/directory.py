@@ -1,0 +1,126 @@
+"""The frontend's view of live workers and served models, refreshed in the background.
+
+The request path never waits on Redis to learn who is alive: it reads the snapshot this keeps
+(refreshed every ``router.registry_refresh_s``). Each refresh also ends the streams of requests
+whose worker's lease has gone (it died or was killed) and reaps expired registrations. Model
+cards (tokenizer, template) load off the event loop the first time a model appears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from app.model_card import ModelCard
+from app.streams import StreamHub
+from core.errors import ModelNotFound, NoWorkerAvailable
+from router.registry import LiveWorker, Registry
+
+log = logging.getLogger(__name__)
+
+ReapHook = Callable[[str], Awaitable[None]]
+
+
+class WorkerDirectory:
+    def __init__(self, registry: Registry, hub: StreamHub, refresh_s: float, default_model: str,
+                 on_reap: ReapHook | None = None) -> None:
+        self._registry = registry
+        self._hub = hub
+        self._refresh_s = refresh_s
+        self._on_reap = on_reap
+        self.by_model: dict[str, list[LiveWorker]] = {}
+        self._known_models: set[str] = {default_model}
+        self._cards: dict[str, asyncio.Future[ModelCard]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._last_reap = 0.0
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="worker-directory")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - keep the last snapshot through Redis hiccups
+                log.exception("refreshing the worker directory failed")
+
+    async def refresh(self) -> None:
+        live = await self._registry.live_workers()
+        by_model: dict[str, list[LiveWorker]] = {}
+        for w in live:
+            by_model.setdefault(w.record.model, []).append(w)
+            if w.record.model not in self._cards:
+                self._load_card(w)
+        self.by_model = by_model
+        self._known_models.update(by_model)
+        alive = {w.record.worker_id for w in live}
+        for stream in self._hub.streams_of_workers(self._hub.active_workers() - alive):
+            stream.fail("worker_lost", f"worker {stream.worker_id} stopped responding (its lease expired)")
+        now = time.monotonic()
+        if now - self._last_reap > 1.0:
+            self._last_reap = now
+            await self._reap()
+
+    async def _reap(self) -> None:
+        for worker_id in await self._registry.expired_workers():
+            if self._on_reap is not None:
+                await self._on_reap(worker_id)
+            await self._registry.reap(worker_id)
+
+    def _load_card(self, worker: LiveWorker) -> None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._cards[worker.record.model] = fut
+
+        async def load() -> None:
+            try:
+                card = await asyncio.to_thread(ModelCard.load, worker.record.model, Path(worker.record.model_path),
+                                               int(worker.record.started_at))
+                fut.set_result(card)
+            except Exception as exc:  # noqa: BLE001 - retried when the next worker registers
+                log.exception("loading the tokenizer of %s from %s failed", worker.record.model, worker.record.model_path)
+                fut.set_exception(exc)
+                fut.exception()
+                self._cards.pop(worker.record.model, None)
+
+        loop.create_task(load())
+
+    # ---- the request path -------------------------------------------------------------------
+    def workers_for(self, model: str) -> list[LiveWorker]:
+        workers = self.by_model.get(model)
+        if workers:
+            return workers
+        if model in self._known_models:
+            raise NoWorkerAvailable(f"no worker is serving model {model!r} right now; retry shortly")
+        raise ModelNotFound(f"the model {model!r} does not exist", param="model")
+
+    async def card(self, model: str) -> ModelCard:
+        self.workers_for(model)
+        fut = self._cards.get(model)
+        if fut is None:
+            raise NoWorkerAvailable(f"model {model!r} is not loaded yet; retry shortly")
+        return await asyncio.shield(fut)
+
+    def served_models(self) -> dict[str, list[LiveWorker]]:
+        return dict(self.by_model)
+
+    def known_models(self) -> set[str]:
+        return set(self._known_models)
+
+    def loaded_card(self, model: str) -> ModelCard | None:
+        fut = self._cards.get(model)
+        if fut is not None and fut.done() and not fut.exception():
+            return fut.result()
+        return None

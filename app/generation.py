@@ -1,0 +1,208 @@
+"""One request's life on the platform: route, enqueue, stream back, detokenize, end cleanly.
+
+:class:`Generation` is used as an async context manager. ``start()`` routes and enqueues (errors
+there are client-visible HTTP errors: nothing has streamed yet); ``text()`` yields text as
+deltas arrive (coalescing whatever arrived together); leaving the context always releases
+everything: the stream registration, the router's in-flight prediction, the worker's request
+(cancelled unless it finished) and the usage record.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from app.model_card import ModelCard
+from app.textstream import TextAssembler
+from core.accounting import UsageRecord
+from core.errors import ContextLengthExceeded, InvalidRequest, NoWorkerAvailable, StreamStalled, UpstreamError
+from core.messages import ControlCommand, GenerateRequest, SamplingParams, encode_control, request_to_builtins
+from router.policies import RouteRequest, RouterOverrides
+from workers.celery_app import GENERATE_TASK
+from workers.wire import task_message
+
+if TYPE_CHECKING:
+    from app.accounts.service import Principal
+    from app.runtime import FrontendRuntime
+    from app.streams import RequestStream
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSpec:
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    stops: tuple[str, ...] = ()
+    overrides: RouterOverrides = field(default_factory=RouterOverrides)
+    max_tokens_given: bool = True
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, context_length: int, default: int) -> int:
+    """The completion budget: what was asked, or what fits; a prompt that leaves no room is a 400."""
+    if prompt_len >= context_length:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context_length} tokens; the prompt has {prompt_len} tokens.",
+            param="messages")
+    room = context_length - prompt_len
+    if requested is None:
+        return min(default, room)
+    if requested > room:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context_length} tokens. However, you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the completion). "
+            "Please reduce the prompt or the completion length.", param="max_tokens")
+    return requested
+
+
+class Generation:
+    def __init__(self, rt: FrontendRuntime, spec: GenerationSpec, card: ModelCard,
+                 principal: Principal | None) -> None:
+        self.rt = rt
+        self.spec = spec
+        self.card = card
+        self.principal = principal
+        self.request_id = uuid.uuid4().hex
+        self.prompt_tokens = len(spec.prompt_token_ids)
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.finish_reason: str | None = None
+        self.error_type: str | None = None
+        self.worker_id: str | None = None
+        self.pool = ""
+        self._stream: RequestStream | None = None
+        self._t0 = time.monotonic()
+        self._wall0 = time.time()
+        self._t_first: float | None = None
+        self._started_at: float | None = None
+        self._deadline = self._wall0 + rt.settings.frontend.request_timeout_s
+        self._done = False
+
+    async def __aenter__(self) -> Generation:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        rt, spec = self.rt, self.spec
+        workers = rt.directory.workers_for(spec.model)
+        mode = spec.overrides.mode or rt.settings.router.mode
+        if spec.overrides.worker_id:
+            workers = [w for w in workers if w.record.worker_id == spec.overrides.worker_id]
+            if not workers:
+                raise NoWorkerAvailable(f"worker {spec.overrides.worker_id!r} is not serving {spec.model!r}")
+        policy = rt.policy(mode)
+        decision = await policy.choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
+                                                    overrides=spec.overrides), workers)
+        self._policy = policy
+        self.worker_id = decision.worker_id
+        self.pool = workers[0].record.pool
+        self._stream = rt.hub.open(self.request_id, decision.worker_id)
+        payload = GenerateRequest(request_id=self.request_id, model=spec.model, token_ids=spec.prompt_token_ids,
+                                  sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline)
+        message = task_message(GENERATE_TASK, [request_to_builtins(payload)], decision.queue,
+                               task_id=self.request_id,
+                               argsrepr=f"request {self.request_id}: {self.prompt_tokens} prompt tokens")
+        await rt.enqueuer.push(decision.queue, message)
+
+    async def text(self) -> AsyncIterator[str]:
+        """Client-visible text as it arrives; ends after the last delta. Raises UpstreamError on failure."""
+        assert self._stream is not None
+        card = self.card
+        assembler = TextAssembler(card.tokenizer, card.decode_stream(), self.spec.stops)
+        stall = self.rt.settings.frontend.stall_timeout_s
+        while True:
+            timeout = min(stall, self._deadline - time.time())
+            try:
+                batch = await self._stream.get_batch(max(timeout, 0.0))
+            except TimeoutError:
+                self._fail("timeout")
+                if time.time() >= self._deadline:
+                    raise UpstreamError("the request did not finish before its deadline", code="timeout") from None
+                raise StreamStalled(f"no tokens from the worker for {stall:.0f} s") from None
+            token_ids: list[int] = []
+            last = None
+            for delta in batch:
+                if self._started_at is None and delta.started_at is not None:
+                    self._started_at = delta.started_at
+                token_ids.extend(delta.token_ids)
+                if delta.is_last:
+                    last = delta
+            if token_ids:
+                if self._t_first is None:
+                    self._t_first = time.monotonic()
+                self.completion_tokens += len(token_ids)
+                text = assembler.add(token_ids)
+                if assembler.stopped:
+                    self.finish_reason = "stop"
+                    self._cancel_on_worker()
+                    if text:
+                        yield text
+                    return
+                if text:
+                    yield text
+            if last is not None:
+                self._done = True
+                if last.error is not None:
+                    self.error_type = last.error.code or last.error.type
+                    if last.error.type == InvalidRequest.type:
+                        raise InvalidRequest(last.error.message, code=last.error.code)
+                    raise UpstreamError(f"the worker failed: {last.error.message}",
+                                        code=last.error.code or last.error.type)
+                if last.usage is not None:
+                    self.cached_tokens = last.usage.cached_tokens
+                    self.completion_tokens = last.usage.completion_tokens
+                self.finish_reason = "length" if last.finish_reason == "length" else "stop"
+                tail = assembler.finish()
+                if tail:
+                    yield tail
+                return
+
+    def _fail(self, kind: str) -> None:
+        self.error_type = kind
+        self._cancel_on_worker()
+
+    def _cancel_on_worker(self) -> None:
+        """Tell the worker to stop this request (fire and forget; the worker frees its KV)."""
+        if self._done:
+            return
+        self._done = True
+        worker = self.worker_id or (self._stream.worker_id if self._stream else None)
+        channel = self.rt.keys.control_channel(worker) if worker else self.rt.keys.control_broadcast
+        self.rt.spawn(self.rt.redis.publish(channel, encode_control(ControlCommand("cancel", self.request_id))))
+
+    async def close(self) -> None:
+        if self._stream is None:
+            return
+        stream, self._stream = self._stream, None
+        if not self._done:
+            if self.error_type is None and self.finish_reason is None:
+                self.error_type = "cancelled"
+            self._cancel_on_worker()
+        self.rt.hub.discard(self.request_id)
+        self._policy.release(self.request_id)
+        end = time.monotonic()
+        self.rt.accounts.finish(self.principal, UsageRecord(
+            request_id=self.request_id, model=self.spec.model,
+            key_id=self.principal.key_id if self.principal else None, pool=self.pool,
+            worker_ids=[w for w in (stream.worker_id or self.worker_id,) if w],
+            prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
+            completion_tokens=self.completion_tokens,
+            queue_time_s=(self._started_at - self._wall0) if self._started_at else None,
+            ttft_s=(self._t_first - self._t0) if self._t_first else None, total_s=end - self._t0,
+            finish_reason=self.finish_reason, error_type=self.error_type, created_at=self._wall0))
+        self.rt.metrics.observe_finished(self.spec.model, self.finish_reason, self.error_type,
+                                         self._t_first - self._t0 if self._t_first else None, end - self._t0,
+                                         self.completion_tokens)
+
+
+def sampling_from(req_temperature: float | None, top_p: float | None, seed: int | None, max_tokens: int,
+                  stop_token_ids: list[int] | None, ignore_eos: bool, min_tokens: int) -> SamplingParams:
+    if min_tokens > max_tokens:
+        raise InvalidRequest("min_tokens must not exceed max_tokens", param="min_tokens")
+    return SamplingParams(max_tokens=max_tokens, temperature=1.0 if req_temperature is None else req_temperature,
+                          top_p=1.0 if top_p is None else top_p, seed=seed,
+                          stop_token_ids=tuple(stop_token_ids or ()), ignore_eos=ignore_eos, min_tokens=min_tokens)

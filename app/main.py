@@ -1,0 +1,35 @@
+"""The frontend's app factory.
+
+Run it with ``sluice serve`` or ``uvicorn app.main:create_app --factory --port 8000``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.api.errors import install_error_handlers
+from app.api.router import api_router
+from app.runtime import FrontendRuntime
+from core.settings import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = FrontendRuntime(settings)
+        await runtime.start()
+        app.state.runtime = runtime
+        try:
+            yield
+        finally:
+            await runtime.close()
+
+    app = FastAPI(title="Sluice", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(api_router)
+    return app

@@ -1,0 +1,89 @@
+"""What the frontend knows of a served model: its tokenizer, chat template and limits.
+
+Loaded from the model directory the workers register (``tokenizer.json``,
+``tokenizer_config.json``, ``config.json``, ``generation_config.json``), so prompt token ids are
+exactly the engine's. Rendering the chat template and tokenizing are pure and cheap for normal
+prompts; callers move very long inputs off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+from core.errors import InvalidRequest
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+@dataclass
+class ModelCard:
+    name: str
+    path: Path
+    tokenizer: Tokenizer
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+    bos_token: str | None
+    eos_token: str | None
+    chat_template: jinja2.Template | None
+    created: int = 0
+    special_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @classmethod
+    def load(cls, name: str, path: Path, created: int = 0) -> ModelCard:
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        tok_cfg = _read_json(path / "tokenizer_config.json")
+        cfg = _read_json(path / "config.json")
+        gen_cfg = _read_json(path / "generation_config.json")
+        eos = gen_cfg.get("eos_token_id", cfg.get("eos_token_id"))
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+        template_src = tok_cfg.get("chat_template")
+        if isinstance(template_src, list):  # named templates: take the default one
+            template_src = next((t["template"] for t in template_src if t.get("name") == "default"), None)
+        template = None
+        if template_src:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            template = env.from_string(template_src)
+        context = int(cfg.get("max_position_embeddings") or tok_cfg.get("model_max_length") or 8192)
+        special = frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
+        return cls(name=name, path=path, tokenizer=tokenizer, context_length=context, eos_token_ids=eos_ids,
+                   bos_token=_token_text(tok_cfg.get("bos_token")), eos_token=_token_text(tok_cfg.get("eos_token")),
+                   chat_template=template, created=created, special_ids=special)
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        if self.chat_template is None:
+            raise InvalidRequest(f"model {self.name!r} has no chat template; use /v1/completions", param="messages")
+        try:
+            return self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except jinja2.TemplateError as exc:
+            raise InvalidRequest(f"the chat template rejected the messages: {exc}", param="messages") from exc
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def decode_stream(self) -> DecodeStream:
+        return DecodeStream(skip_special_tokens=True)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}

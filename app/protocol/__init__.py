@@ -1,0 +1,1 @@
+"""OpenAI API schemas, per endpoint group. No engine or torch imports here."""

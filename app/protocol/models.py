@@ -1,0 +1,19 @@
+"""``/v1/models`` shapes."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ModelCardOut(msgspec.Struct):
+    id: str
+    created: int
+    owned_by: str = "sluice"
+    object: str = "model"
+    max_model_len: int | None = None
+    root: str | None = None
+
+
+class ModelList(msgspec.Struct):
+    data: list[ModelCardOut]
+    object: str = "list"

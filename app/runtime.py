@@ -1,0 +1,88 @@
+"""The frontend process's runtime object: every long-lived resource of the process, built once
+at start-up (FastAPI lifespan) and reached from handlers as ``request.app.state.runtime``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from app.accounts.service import Accounts
+from app.directory import WorkerDirectory
+from app.enqueue import Enqueuer
+from app.metrics import FrontendMetrics
+from app.streams import StreamHub
+from core.errors import InvalidRequest
+from core.keys import Keys
+from core.settings import Settings
+from router.policies import LeastLoadedPolicy, Policy, PoolPolicy, RandomPolicy, RoundRobinPolicy
+from router.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FrontendRuntime:
+    settings: Settings
+    frontend_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
+
+    async def start(self) -> None:
+        s = self.settings
+        self.keys = Keys(s.redis.namespace)
+        self.redis = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
+            s.redis.url, max_connections=64, timeout=10))
+        self.enqueuer = Enqueuer(self.redis)
+        self.registry = Registry(self.redis, self.keys)
+        self.hub = StreamHub(self.redis, self.keys.token_channel(self.frontend_id))
+        await self.hub.start()
+        self.directory = WorkerDirectory(self.registry, self.hub, s.router.registry_refresh_s, s.model,
+                                         on_reap=self._forget_worker)
+        await self.directory.start()
+        self.policies: dict[str, Policy] = self._make_policies()
+        self.accounts = Accounts(s, self.redis, self.keys)
+        await self.accounts.start()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def _forget_worker(self, worker_id: str) -> None:
+        """A worker's lease expired: drop its own queue (the requests in it already failed)."""
+        await self.redis.delete(self.keys.worker_queue(worker_id))
+
+    def _make_policies(self) -> dict[str, Policy]:
+        return {
+            "round_robin": RoundRobinPolicy(),
+            "random": RandomPolicy(),
+            "least_loaded": LeastLoadedPolicy(),
+            "pool": PoolPolicy(),
+        }
+
+    def policy(self, mode: str) -> Policy:
+        try:
+            return self.policies[mode]
+        except KeyError:
+            raise InvalidRequest(f"unknown router mode {mode!r}; one of {sorted(self.policies)}",
+                                 param="sluice.router.mode") from None
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run a fire-and-forget coroutine, keeping a reference until it ends and logging failures."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background task failed: %r", task.exception())
+
+    async def close(self) -> None:
+        await self.accounts.close()
+        await self.directory.close()
+        await self.hub.close()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.redis.aclose()

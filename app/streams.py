@@ -1,0 +1,138 @@
+"""The frontend's token streams: ONE pub/sub connection per process, subscribed once.
+
+Every request of this process names the process's token channel as its reply channel; workers
+publish msgpack :class:`~core.messages.TokenDelta` there and the reader task hands each one to
+its request's :class:`RequestStream`. Subscribing once, at start-up, means no per-request
+subscribe round trip and no race between subscribing and the first token.
+
+Failures are delivered, never swallowed: a sequence gap, a lost connection (messages may have
+been dropped) or a dead worker ends the affected streams with an error delta.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Iterable
+
+import redis.asyncio as aioredis
+
+from core.messages import ErrorInfo, TokenDelta, decode_delta
+
+log = logging.getLogger(__name__)
+
+
+class RequestStream:
+    """The deltas of one request, in order. ``worker_id`` is known once routed or at the first delta."""
+
+    __slots__ = ("request_id", "worker_id", "_items", "_ready", "_next_seq", "closed")
+
+    def __init__(self, request_id: str, worker_id: str | None) -> None:
+        self.request_id = request_id
+        self.worker_id = worker_id
+        self._items: collections.deque[TokenDelta] = collections.deque()
+        self._ready = asyncio.Event()
+        self._next_seq = 0
+        self.closed = False
+
+    def _push(self, delta: TokenDelta) -> None:
+        if self.closed:
+            return
+        if delta.seq != self._next_seq and delta.error is None:
+            delta = TokenDelta(self.request_id, self._next_seq, error=ErrorInfo(
+                "stream_gap", f"token stream lost messages (expected seq {self._next_seq}, got {delta.seq})"))
+        self._next_seq = delta.seq + 1
+        if delta.worker_id and self.worker_id is None:
+            self.worker_id = delta.worker_id
+        self._items.append(delta)
+        if delta.is_last:
+            self.closed = True
+        self._ready.set()
+
+    def fail(self, kind: str, message: str) -> None:
+        self._push(TokenDelta(self.request_id, self._next_seq, error=ErrorInfo(kind, message)))
+
+    async def get_batch(self, timeout: float) -> list[TokenDelta]:
+        """Every delta that has arrived (at least one), waiting up to ``timeout`` seconds.
+
+        Raises TimeoutError when nothing arrived in time.
+        """
+        if not self._items:
+            self._ready.clear()
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        batch = list(self._items)
+        self._items.clear()
+        return batch
+
+
+class StreamHub:
+    def __init__(self, client: aioredis.Redis, channel: str) -> None:
+        self._client = client
+        self.channel = channel
+        self._streams: dict[str, RequestStream] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="stream-hub")
+        await asyncio.wait_for(self._subscribed.wait(), 30)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def open(self, request_id: str, worker_id: str | None) -> RequestStream:
+        stream = RequestStream(request_id, worker_id)
+        self._streams[request_id] = stream
+        return stream
+
+    def discard(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def in_flight(self) -> int:
+        return len(self._streams)
+
+    def active_workers(self) -> set[str]:
+        return {s.worker_id for s in self._streams.values() if s.worker_id}
+
+    def streams_of_workers(self, worker_ids: Iterable[str]) -> list[RequestStream]:
+        dead = set(worker_ids)
+        return [s for s in self._streams.values() if s.worker_id in dead]
+
+    async def _run(self) -> None:
+        while True:
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                self._subscribed.set()
+                await self._read(pubsub)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                raise
+            except Exception as exc:  # noqa: BLE001 - reconnect; in-flight streams may have lost messages
+                log.warning("token channel connection lost (%s); reconnecting", exc)
+                for stream in list(self._streams.values()):
+                    stream.fail("stream_interrupted", "the token stream was interrupted (Redis connection lost)")
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                await asyncio.sleep(0.2)
+
+    async def _read(self, pubsub: aioredis.client.PubSub) -> None:
+        streams = self._streams
+        while True:
+            message = await pubsub.get_message(timeout=None)
+            if message is None or message["type"] != "message":
+                continue
+            try:
+                delta = decode_delta(message["data"])
+            except Exception:  # noqa: BLE001 - a malformed message must not kill the reader
+                log.exception("undecodable token delta")
+                continue
+            stream = streams.get(delta.request_id)
+            if stream is not None:
+                stream._push(delta)

@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench` (frontend/platform) and `make bench-router` (routing)."""

@@ -1,0 +1,168 @@
+"""Frontend and platform benchmark: `make bench` (or `python -m bench.frontend_bench`).
+
+Starts a private Redis and the stack (one frontend process, two mocker workers that do not sleep),
+then drives streaming chat completions (~24 prompt tokens, 16 output tokens) at concurrency 1, 32
+and 256: requests/s, streamed tokens/s, TTFT and inter-token latency p50/p99, and CPU seconds per
+request of the frontend process and of the whole platform (frontend + workers + Redis).
+With ``--dynamo`` it runs the same load against NVIDIA Dynamo (the anchor in shared/anchors, if
+installed) in the same run and reports ratios. Prints a table; writes bench/results/frontend.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from bench.loadgen import run_load
+from bench.stats import cpu_seconds, pct
+from core.settings import Settings
+from sluice.devstack import RedisServer, Stack
+from workers.models.prepare import prepare_model
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WORDS = ("river stone cloud garden lantern music paper window orange silver forest candle bridge "
+         "winter mountain harbor").split()
+MODEL = "smollm2"
+
+
+def chat_body(i: int, model: str = MODEL) -> dict:
+    rng = random.Random(i)
+    words = " ".join(rng.choice(WORDS) for _ in range(9))
+    return {"model": model, "messages": [{"role": "system", "content": "Be brief."},
+                                         {"role": "user", "content": f"{i} {words}"}],
+            "max_tokens": 16, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+
+
+def summarize(run, cpu_front: float | None, cpu_all: float | None) -> dict:  # noqa: ANN001
+    ok = [r for r in run.results if r.ok]
+    n = len(run.results)
+    tokens = sum(r.tokens for r in ok)
+    ttft = [r.ttft_s * 1000 for r in ok]
+    itl = [r.itl_s * 1000 for r in ok if r.itl_s is not None]
+    return {
+        "concurrency": run.concurrency, "requests": n, "errors": n - len(ok),
+        "req_per_s": len(ok) / run.wall_s, "tokens_per_s": tokens / run.wall_s,
+        "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
+        "itl_ms_p50": pct(itl, 50), "itl_ms_p99": pct(itl, 99),
+        "frontend_cpu_ms_per_req": cpu_front * 1000 / n if cpu_front is not None else None,
+        "platform_cpu_ms_per_req": cpu_all * 1000 / n if cpu_all is not None else None,
+        "first_error": next((r.error for r in run.results if not r.ok), None),
+    }
+
+
+async def measure(url: str, concurrency: int, requests: int, front_pids: list[int], all_pids: list[int],
+                  model: str) -> dict:
+    await run_load(url, lambda i: chat_body(10**6 + i, model), min(concurrency, 32), min(200, requests))  # warm-up
+    before = cpu_seconds(all_pids) if all_pids else {}
+    run = await run_load(url, lambda i: chat_body(i, model), concurrency, requests)
+    after = cpu_seconds(all_pids) if all_pids else {}
+    cpu_front = sum(after[p] - before[p] for p in front_pids) if front_pids else None
+    cpu_all = sum(after[p] - before[p] for p in all_pids) if all_pids else None
+    return summarize(run, cpu_front, cpu_all)
+
+
+def sluice_stack(workers: int) -> tuple[RedisServer, Stack]:
+    tok = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
+    redis = RedisServer().start()
+    stack = Stack(redis_url=redis.url, namespace=f"bench{uuid.uuid4().hex[:6]}", model_path=tok,
+                  env_extra={"SLUICE_WORKER__MOCKER__NO_SLEEP": "true", "SLUICE_ROUTER_MODE": "round_robin"})
+    for i in range(workers):
+        stack.start_worker(f"bench{i}")
+    stack.start_frontend()
+    stack.wait_ready(MODEL, workers)
+    return redis, stack
+
+
+def dynamo_start(anchor: Path) -> tuple[int, list[int]] | None:
+    script = anchor / "dynamo.sh"
+    if not script.exists():
+        return None
+    env = {"SPEEDUP": "1000", "WORKERS": "2", "PORT": "8100"}
+    r = subprocess.run(["bash", str(script), "start"], env={**__import__("os").environ, **env},
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stdout, r.stderr)
+        return None
+    run_dir = Path(__import__("os").environ.get("TMPDIR", "/tmp")) / "sluice-anchor-dynamo" / "run"
+    pids = [int(p.read_text()) for p in run_dir.glob("*.pid")]
+    front = [int((run_dir / "frontend.pid").read_text())]
+    return front[0], pids
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
+    ap.add_argument("--requests", type=int, default=None, help="requests per level (default scales with level)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--dynamo", action="store_true", help="also measure the Dynamo anchor (if installed)")
+    ap.add_argument("--anchor", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "anchors" / "dynamo")
+    args = ap.parse_args()
+    console = Console(width=200)
+    results: dict[str, list[dict]] = {"sluice": []}
+
+    redis, stack = sluice_stack(args.workers)
+    try:
+        front = [stack.procs["frontend"].popen.pid]
+        workers = [p.popen.pid for n, p in stack.procs.items() if n != "frontend"]
+        pids = front + workers + ([redis.proc.pid] if redis.proc else [])
+        url = f"{stack.base_url}/v1/chat/completions"
+        for c in args.concurrency:
+            n = args.requests or max(300, min(3000, c * 20))
+            console.print(f"sluice: concurrency {c}, {n} requests...")
+            results["sluice"].append(asyncio.run(measure(url, c, n, front, pids, MODEL)))
+    finally:
+        stack.stop()
+        redis.stop()
+
+    if args.dynamo:
+        started = dynamo_start(args.anchor)
+        if started is None:
+            console.print("[yellow]Dynamo anchor not installed or did not start; skipped[/]")
+        else:
+            front_pid, dpids = started
+            try:
+                httpx.get("http://127.0.0.1:8100/v1/models", timeout=10)
+                results["dynamo"] = []
+                for c in args.concurrency:
+                    n = args.requests or max(300, min(3000, c * 20))
+                    console.print(f"dynamo: concurrency {c}, {n} requests...")
+                    results["dynamo"].append(asyncio.run(measure(
+                        "http://127.0.0.1:8100/v1/chat/completions", c, n, [front_pid], dpids, "smollm2")))
+            finally:
+                subprocess.run(["bash", str(args.anchor / "dynamo.sh"), "stop"], capture_output=True)
+
+    table = Table(title="Sluice frontend + platform (mocker, no sleep, ~24-token prompts, 16 tokens, streaming)")
+    for col in ("system", "conc", "req/s", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
+                "frontend CPU ms/req", "platform CPU ms/req", "errors"):
+        table.add_column(col, justify="right")
+    for system, rows in results.items():
+        for r in rows:
+            f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+            table.add_row(system, str(r["concurrency"]), f(r["req_per_s"], 1), f(r["tokens_per_s"], 0),
+                          f(r["ttft_ms_p50"]), f(r["ttft_ms_p99"]), f(r["itl_ms_p50"], 3), f(r["itl_ms_p99"], 3),
+                          f(r["frontend_cpu_ms_per_req"]), f(r["platform_cpu_ms_per_req"]), str(r["errors"]))
+    console.print(table)
+    if "dynamo" in results:
+        for s_row, d_row in zip(results["sluice"], results["dynamo"], strict=False):
+            ratio = {k: (s_row[k] / d_row[k]) if s_row.get(k) and d_row.get(k) else None
+                     for k in ("req_per_s", "ttft_ms_p50", "frontend_cpu_ms_per_req", "platform_cpu_ms_per_req")}
+            s_row["vs_dynamo"] = ratio
+            console.print(f"conc {s_row['concurrency']}: sluice/dynamo ratios {ratio}")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "frontend.json"
+    out.write_text(json.dumps({"time": time.time(), "results": results}, indent=2))
+    console.print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

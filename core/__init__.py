@@ -1,0 +1,1 @@
+"""What every Sluice process shares: settings, Redis key patterns, inter-process messages, errors."""

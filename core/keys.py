@@ -1,0 +1,125 @@
+"""Every Redis key pattern, channel name, Celery queue name and TTL that Sluice uses.
+
+Everything lives under ``sluice:{namespace}:`` so several deployments can share one Redis server.
+Celery queue names use dots (``sluice.{ns}.{model}.{pool}``) because they are also routing keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: How many KV event batches the ``kv-events`` stream keeps (approximately; ``XADD MAXLEN ~``).
+KV_EVENTS_STREAM_MAXLEN = 100_000
+#: How many worker slots (bit positions in the prefix index) a namespace may hand out.
+MAX_WORKER_SLOTS = 4096
+#: The rate-limit window: API keys' limits are per minute (rpm, tpm), counted in fixed windows.
+RATE_WINDOW_S = 60
+#: How long a window's counters outlive the window's start (tokens may still be charged late).
+RATE_WINDOW_TTL_S = 2 * RATE_WINDOW_S
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    namespace: str
+
+    @property
+    def prefix(self) -> str:
+        return f"sluice:{self.namespace}"
+
+    # --- worker registry -------------------------------------------------------------------
+    @property
+    def workers(self) -> str:
+        """Sorted set: worker_id scored by its lease expiry (unix seconds)."""
+        return f"{self.prefix}:workers"
+
+    def worker(self, worker_id: str) -> str:
+        """Hash with TTL (the lease): the worker's registration."""
+        return f"{self.prefix}:worker:{worker_id}"
+
+    def load(self, worker_id: str) -> str:
+        """Hash with TTL: the worker's live load, renewed by every heartbeat."""
+        return f"{self.prefix}:load:{worker_id}"
+
+    @property
+    def slots(self) -> str:
+        """Hash slot -> worker_id: the bit positions handed out for the prefix index."""
+        return f"{self.prefix}:slots"
+
+    # --- prefix index (KV-aware routing) ---------------------------------------------------
+    def kv_block_prefix(self, model: str) -> str:
+        """What every block bitmap key of ``model`` starts with; the 16 hex digits of the hash follow."""
+        return f"{self.prefix}:{model}:kv:"
+
+    def kv_block(self, model: str, block_hash: int) -> str:
+        """Bitmap: bit ``slot`` set when worker ``slot`` holds the block; deleted when no bit is left."""
+        return f"{self.kv_block_prefix(model)}{block_hash:016x}"
+
+    def kv_worker(self, worker_id: str) -> str:
+        """Set of hex block hashes a worker reported through KV events, to purge them when it dies."""
+        return f"{self.prefix}:kvw:{worker_id}"
+
+    def kv_worker_approx(self, worker_id: str) -> str:
+        """Sorted set hex block hash -> expiry (unix ms): the router's own guesses for a worker whose
+        engine publishes no KV events (approximate mode)."""
+        return f"{self.prefix}:kva:{worker_id}"
+
+    def kv_worker_meta(self, worker_id: str) -> str:
+        """Hash: the index's own record of a worker (``eid`` last applied KV event id, ``slot``, ``model``,
+        ``bprefix``); outlives the lease so a reaper can purge the worker after its registration expired."""
+        return f"{self.prefix}:kvm:{worker_id}"
+
+    @property
+    def kv_slot_owners(self) -> str:
+        """Hash slot -> worker_id: whose bits the prefix index holds at each slot. A slot is written only by
+        its owner; a new holder purges the previous owner's bits first, so a recycled slot has no stale bits."""
+        return f"{self.prefix}:kv-slots"
+
+    @property
+    def kv_events(self) -> str:
+        """Capped stream of KV event batches for observers (field ``b``: msgpack ``KvEventBatch``)."""
+        return f"{self.prefix}:kv-events"
+
+    def router_inflight(self, model: str) -> str:
+        """Hash: the routers' shared in-flight predictions summed per worker (``d|{worker_id}`` decode blocks,
+        ``p|{worker_id}`` queued prefill blocks) and ``_v``, bumped by every new prediction."""
+        return f"{self.prefix}:{model}:inflight"
+
+    def router_inflight_requests(self, model: str) -> str:
+        """Hash request_id -> ``"{worker_id} {decode_blocks} {prefill_blocks}"``: one prediction each."""
+        return f"{self.prefix}:{model}:inflight-req"
+
+    def router_inflight_expiry(self, model: str) -> str:
+        """Sorted set request_id -> expiry (unix ms): predictions nobody released (a frontend died) expire."""
+        return f"{self.prefix}:{model}:inflight-exp"
+
+    # --- streaming and control ---------------------------------------------------------------
+    def token_channel(self, frontend_id: str) -> str:
+        """Pub/sub channel carrying the token deltas of every request of one frontend process."""
+        return f"{self.prefix}:tok:{frontend_id}"
+
+    def control_channel(self, worker_id: str) -> str:
+        """Pub/sub channel for cancel / clear-cache / drain commands to one worker."""
+        return f"{self.prefix}:ctl:{worker_id}"
+
+    @property
+    def control_broadcast(self) -> str:
+        """Pub/sub channel every worker listens to (cancels for requests whose worker is unknown)."""
+        return f"{self.prefix}:ctl:*all*"
+
+    # --- Celery queues -----------------------------------------------------------------------
+    def pool_queue(self, model: str, pool: str) -> str:
+        return f"sluice.{self.namespace}.{model}.{pool}"
+
+    def worker_queue(self, worker_id: str) -> str:
+        return f"sluice.{self.namespace}.worker.{worker_id}"
+
+    # --- accounts ----------------------------------------------------------------------------
+    def rate(self, key_id: str, window: int) -> str:
+        """Hash with TTL ``RATE_WINDOW_TTL_S``: one API key's counters in rate window ``window``
+        (unix seconds // ``RATE_WINDOW_S``): ``r`` requests admitted, ``t`` tokens charged."""
+        return f"{self.prefix}:rate:{key_id}:{window}"
+
+    @property
+    def bookkeeping_queue(self) -> str:
+        """Celery queue of usage-record batches, consumed by the bookkeeper (workers.bookkeeping)."""
+        return f"sluice.{self.namespace}.bookkeeping"

@@ -1,0 +1,155 @@
+"""Messages that cross process boundaries, as versioned msgspec structs, encoded in one place.
+
+* :class:`GenerateRequest` is the payload of a ``generate`` Celery task (JSON, so Flower shows it).
+* :class:`TokenDelta` goes from a worker to the frontend on the frontend's token channel (msgpack).
+* :class:`ControlCommand` goes from a frontend to a worker on its control channel (msgpack).
+
+A delta stream for one request is: deltas with ``seq`` 0, 1, 2, ... in order; the last one has
+``finish_reason`` set (and ``usage``), or ``error`` set. Nothing follows the last one.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+MESSAGE_VERSION = 1
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, omit_defaults=True):
+    request_id: str
+    model: str
+    token_ids: list[int]
+    sampling: SamplingParams
+    reply_channel: str
+    deadline: float
+    lora: str | None = None
+    v: int = MESSAGE_VERSION
+
+
+class Usage(msgspec.Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``type`` follows OpenAI's error types where one fits (``invalid_request_error``);
+    otherwise it names what failed (``engine_error``, ``worker_lost``, ``timeout``...)."""
+
+    type: str
+    message: str
+    code: str | None = None
+
+
+class TokenDelta(msgspec.Struct, frozen=True, omit_defaults=True):
+    request_id: str
+    seq: int
+    token_ids: list[int] = []
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: ErrorInfo | None = None
+    worker_id: str | None = None
+    started_at: float | None = None
+    v: int = MESSAGE_VERSION
+
+    @property
+    def is_last(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+class ControlCommand(msgspec.Struct, frozen=True, omit_defaults=True):
+    op: Literal["cancel", "clear_kv", "drain"]
+    request_id: str | None = None
+    v: int = MESSAGE_VERSION
+
+
+_delta_encoder = msgspec.msgpack.Encoder()
+_delta_decoder = msgspec.msgpack.Decoder(TokenDelta)
+_control_decoder = msgspec.msgpack.Decoder(ControlCommand)
+_request_decoder = msgspec.json.Decoder(GenerateRequest)
+
+
+def encode_delta(delta: TokenDelta) -> bytes:
+    return _delta_encoder.encode(delta)
+
+
+def decode_delta(data: bytes) -> TokenDelta:
+    return _delta_decoder.decode(data)
+
+
+def encode_control(cmd: ControlCommand) -> bytes:
+    return _delta_encoder.encode(cmd)
+
+
+def decode_control(data: bytes) -> ControlCommand:
+    return _control_decoder.decode(data)
+
+
+def request_to_builtins(req: GenerateRequest) -> dict:
+    """The task argument as plain JSON-able data (what the Celery message body carries)."""
+    return msgspec.to_builtins(req)
+
+
+def request_from_builtins(data: dict) -> GenerateRequest:
+    return msgspec.convert(data, GenerateRequest)
+
+
+def decode_request_json(data: bytes) -> GenerateRequest:
+    return _request_decoder.decode(data)
+
+
+# --- KV cache events ---------------------------------------------------------------------------
+# A tagged union of small structs: what an engine reports about its prefix cache, in Sluice block
+# hashes (router.hashing). Batches carry a per-worker, strictly increasing event id.
+
+
+class BlockStored(msgspec.Struct, frozen=True, tag="stored"):
+    """Full blocks entered the prefix cache; ``block_hashes`` in chain order, the first one's
+    parent is ``parent_hash`` (None at the root of a chain)."""
+
+    block_hashes: list[int]
+    parent_hash: int | None = None
+
+
+class BlockRemoved(msgspec.Struct, frozen=True, tag="removed"):
+    block_hashes: list[int]
+
+
+class AllBlocksCleared(msgspec.Struct, frozen=True, tag="cleared"):
+    pass
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KvEventBatch(msgspec.Struct, frozen=True):
+    worker_id: str
+    event_id: int
+    events: list[KvEvent]
+    v: int = MESSAGE_VERSION
+
+
+_kv_encoder = msgspec.msgpack.Encoder()
+_kv_decoder = msgspec.msgpack.Decoder(KvEventBatch)
+
+
+def encode_kv_batch(batch: KvEventBatch) -> bytes:
+    return _kv_encoder.encode(batch)
+
+
+def decode_kv_batch(data: bytes) -> KvEventBatch:
+    return _kv_decoder.decode(data)

@@ -1,0 +1,164 @@
+"""The one settings object of Sluice.
+
+Every option reads from the environment with the ``SLUICE_`` prefix; nested groups use a double
+underscore (``SLUICE_ROUTER__MODE=kv``) and the most used ones also have a flat alias
+(``SLUICE_ROUTER_MODE``). Nothing else in the code base reads ``os.environ`` for Sluice options.
+Build it once per process with :func:`get_settings` and pass the groups down.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+EngineKind = Literal["mocker", "vllm"]
+RouterMode = Literal["kv", "round_robin", "random", "least_loaded", "pool"]
+PoolKind = Literal["agg", "prefill", "decode"]
+
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "sluice"
+
+
+class RedisSettings(BaseModel):
+    url: str = "redis://127.0.0.1:6379/0"
+    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_-]+$")
+
+
+class MockerSettings(BaseModel):
+    """Simulated engine. Timing follows the published model of Dynamo's mocker (see workers/engines/mocker_timing.py)."""
+
+    speedup: float = Field(1.0, gt=0)
+    no_sleep: bool = False
+    block_size: int = Field(16, ge=1)
+    kv_blocks: int = Field(16384, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    vocab_size: int = Field(49152, ge=17)
+
+
+class VllmSettings(BaseModel):
+    dtype: str = "auto"
+    block_size: int | None = None
+    kv_cache_gib: float = 1.0
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    gpu_memory_utilization: float = 0.85
+    omp_threads: int | None = None
+    enforce_eager: bool = True
+
+
+class WorkerSettings(BaseModel):
+    engine: EngineKind = "mocker"
+    pool: PoolKind = "agg"
+    worker_id: str | None = None
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    lease_ttl_s: float = Field(3.0, gt=0)
+    concurrency: int | None = None
+    mocker: MockerSettings = MockerSettings()
+    vllm: VllmSettings = VllmSettings()
+
+
+class RouterSettings(BaseModel):
+    mode: RouterMode = "round_robin"
+    overlap_score_weight: float = Field(1.0, ge=0)
+    temperature: float = Field(0.0, ge=0)
+    registry_refresh_s: float = Field(0.25, gt=0)
+    #: Approximate mode (engines without KV events): how long a routed prompt's blocks count as cached.
+    approx_ttl_s: float = Field(120.0, gt=0)
+    #: Approximate mode: at most this many guessed blocks per worker (and never more than its ``kv_blocks``).
+    approx_max_blocks: int = Field(65536, ge=1)
+    #: Treat every worker as approximate, whatever its engine reports.
+    approximate: bool = False
+    #: A routed request's shared load prediction expires after this long if nobody releases it.
+    inflight_ttl_s: float = Field(600.0, gt=0)
+    #: How often a router process looks for workers whose lease expired and purges their index entries.
+    reaper_interval_s: float = Field(2.0, gt=0)
+    host: str = "127.0.0.1"
+    port: int = 8001
+
+
+class FrontendSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    stall_timeout_s: float = Field(30.0, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    default_max_tokens: int = Field(1024, ge=1)
+    max_n: int = Field(1, ge=1)
+
+
+class AccountsSettings(BaseModel):
+    """API keys, rate limits and usage records (app/accounts, workers/bookkeeping).
+
+    A revoked key stops working on every frontend within ``key_cache_ttl_s``: that is how long a
+    frontend trusts a key it looked up in the database.
+    """
+
+    key_cache_ttl_s: float = Field(5.0, gt=0)
+    key_cache_max_entries: int = Field(10_000, ge=1)
+    usage_flush_interval_s: float = Field(1.0, gt=0)
+    usage_batch_max: int = Field(500, ge=1)
+    usage_buffer_max: int = Field(100_000, ge=1)
+    usage_retry_backoff_max_s: int = Field(60, ge=1)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SLUICE_", env_nested_delimiter="__", extra="ignore", populate_by_name=True
+    )
+
+    model: str = "smollm2"
+    model_path: Path | None = None
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    redis: RedisSettings = RedisSettings()
+    worker: WorkerSettings = WorkerSettings()
+    router: RouterSettings = RouterSettings()
+    frontend: FrontendSettings = FrontendSettings()
+    database_url: str | None = None
+    auth: bool = True
+    accounts: AccountsSettings = AccountsSettings()
+
+    # Flat aliases for the options people set most; they override the nested form.
+    redis_url: str | None = Field(None, validation_alias=AliasChoices("SLUICE_REDIS_URL"))
+    namespace: str | None = Field(None, validation_alias=AliasChoices("SLUICE_NAMESPACE"))
+    engine: EngineKind | None = Field(None, validation_alias=AliasChoices("SLUICE_ENGINE"))
+    pool: PoolKind | None = Field(None, validation_alias=AliasChoices("SLUICE_POOL"))
+    router_mode: RouterMode | None = Field(None, validation_alias=AliasChoices("SLUICE_ROUTER_MODE"))
+    port: int | None = Field(None, validation_alias=AliasChoices("SLUICE_PORT"))
+
+    def model_post_init(self, __context: object) -> None:
+        if self.redis_url:
+            self.redis.url = self.redis_url
+        if self.namespace:
+            self.redis.namespace = self.namespace
+        if self.engine:
+            self.worker.engine = self.engine
+        if self.pool:
+            self.worker.pool = self.pool
+        if self.router_mode:
+            self.router.mode = self.router_mode
+        if self.port:
+            self.frontend.port = self.port
+
+    @property
+    def models_dir(self) -> Path:
+        return self.cache_dir / "models"
+
+    def resolved_model_path(self) -> Path:
+        """Where the served model (or, for the mocker, its tokenizer) lives on disk."""
+        return self.model_path or (self.models_dir / self.model)
+
+    def worker_id(self) -> str:
+        return self.worker.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once."""
+    return Settings()

@@ -1,0 +1,1 @@
+"""Routing: block hashing, the worker registry and leases, the Redis prefix index, scoring policies."""

@@ -1,0 +1,123 @@
+"""Routing policies: pick the worker (and so the Celery queue) for a request.
+
+Every policy implements :class:`Policy`. The frontend keeps one instance per mode for the life of
+the process (round robin holds a counter); the live worker list comes from the registry cache.
+``kv`` (KV-aware, prefix index in Redis) lives in router.kv_policy and plugs in through
+:func:`make_policy`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from router.registry import LiveWorker
+
+
+@dataclass(frozen=True, slots=True)
+class RouterOverrides:
+    """Per-request routing parameters (``x-sluice-router`` header or the ``sluice`` extension)."""
+
+    mode: str | None = None
+    overlap_score_weight: float | None = None
+    temperature: float | None = None
+    worker_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    request_id: str
+    model: str
+    token_ids: Sequence[int]
+    lora: str | None = None
+    overrides: RouterOverrides = field(default_factory=RouterOverrides)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    worker_id: str | None
+    queue: str
+    overlap_blocks: int = 0
+    cost: float = 0.0
+
+
+class Policy(Protocol):
+    async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision: ...
+
+    def release(self, request_id: str) -> None:
+        """The request finished: forget anything the policy predicted for it."""
+
+
+def _decision(worker: LiveWorker) -> RouteDecision:
+    return RouteDecision(worker_id=worker.record.worker_id, queue=worker.record.queue)
+
+
+class RoundRobinPolicy:
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
+        ordered = sorted(workers, key=lambda w: w.record.worker_id)
+        return _decision(ordered[next(self._counter) % len(ordered)])
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class RandomPolicy:
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+
+    async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
+        return _decision(self._rng.choice(list(workers)))
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class LeastLoadedPolicy:
+    """Fewest requests: the worker's heartbeat load (running + waiting) plus this frontend's own
+    requests sent since that heartbeat could have counted them. Ties are broken at random."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+        self._inflight: dict[str, str] = {}
+        self._per_worker: dict[str, int] = {}
+
+    def score(self, worker: LiveWorker) -> float:
+        own = self._per_worker.get(worker.record.worker_id, 0)
+        return max(worker.load.running + worker.load.waiting, own)
+
+    async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
+        scores = [self.score(w) for w in workers]
+        best = min(scores)
+        chosen = self._rng.choice([w for w, s in zip(workers, scores, strict=True) if s == best])
+        wid = chosen.record.worker_id
+        self._inflight[request.request_id] = wid
+        self._per_worker[wid] = self._per_worker.get(wid, 0) + 1
+        return RouteDecision(worker_id=wid, queue=chosen.record.queue, cost=best)
+
+    def release(self, request_id: str) -> None:
+        wid = self._inflight.pop(request_id, None)
+        if wid is not None:
+            left = self._per_worker.get(wid, 1) - 1
+            if left > 0:
+                self._per_worker[wid] = left
+            else:
+                self._per_worker.pop(wid, None)
+
+
+class PoolPolicy:
+    """No choice at all: the pool's shared queue, first free worker takes it (Celery's own balancing)."""
+
+    def __init__(self, pool_queue_of: dict[str, str] | None = None) -> None:
+        self._pool_queue_of = pool_queue_of or {}
+
+    async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
+        return RouteDecision(worker_id=None, queue=workers[0].record.pool_queue)
+
+    def release(self, request_id: str) -> None:
+        pass

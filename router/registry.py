@@ -1,0 +1,183 @@
+"""Worker registry: registration under a lease, heartbeats, prefix-index slots, live listing.
+
+Layout (see core.keys): ``worker:{id}`` hash and ``load:{id}`` hash, both with the lease TTL;
+``workers`` sorted set of worker ids scored by lease expiry (unix seconds); ``slots`` hash
+slot -> worker id. A worker that stops heartbeating drops out of :meth:`Registry.live_workers`
+as soon as its lease expiry passes, whether or not anyone reaped it yet. Reaping (removing the
+sorted-set entry and recycling the slot) is idempotent and may run in any process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, fields
+
+import redis.asyncio as aioredis
+
+from core.keys import MAX_WORKER_SLOTS, Keys
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """What a worker registers; fixed for the worker's lifetime."""
+
+    worker_id: str
+    model: str
+    model_path: str
+    pool: str
+    queue: str
+    pool_queue: str
+    engine: str
+    block_size: int
+    kv_blocks: int
+    max_num_seqs: int
+    context_length: int
+    started_at: float
+    slot: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """Live load, renewed by every heartbeat."""
+
+    running: int = 0
+    waiting: int = 0
+    active_blocks: int = 0
+    total_blocks: int = 0
+    updated_at: float = 0.0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.active_blocks / self.total_blocks if self.total_blocks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LiveWorker:
+    record: WorkerRecord
+    load: WorkerLoad
+    lease_expires_at: float
+
+
+def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def _coerce(cls: type, data: dict[str, str]) -> object:
+    values = {}
+    for f in fields(cls):
+        if f.name in data:
+            kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str}[f.type]
+            values[f.name] = kind(data[f.name])
+    return cls(**values)
+
+
+# Takes the lowest free slot (or the one this worker already holds). KEYS: slots hash, workers zset.
+# ARGV: worker_id, max slots, now. A slot whose holder's lease has expired counts as free.
+_CLAIM_SLOT = """
+local free = -1
+for i = 0, tonumber(ARGV[2]) - 1 do
+  local owner = redis.call('HGET', KEYS[1], i)
+  if owner == ARGV[1] then return i end
+  if free < 0 then
+    if not owner then
+      free = i
+    else
+      local exp = redis.call('ZSCORE', KEYS[2], owner)
+      if (not exp) or tonumber(exp) < tonumber(ARGV[3]) then free = i end
+    end
+  end
+end
+if free >= 0 then redis.call('HSET', KEYS[1], free, ARGV[1]) end
+return free
+"""
+
+
+class Registry:
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._claim = client.register_script(_CLAIM_SLOT)
+
+    async def register(self, record: WorkerRecord, load: WorkerLoad, ttl_s: float) -> WorkerRecord:
+        """Claim a slot and write the registration under a fresh lease; returns the record with its slot."""
+        now = time.time()
+        slot = int(await self._claim(keys=[self.keys.slots, self.keys.workers], args=[record.worker_id, MAX_WORKER_SLOTS, now]))
+        if slot < 0:
+            raise RuntimeError(f"no free worker slot (at most {MAX_WORKER_SLOTS} workers per namespace)")
+        record = WorkerRecord(**{**asdict(record), "slot": slot})
+        await self._write(record, load, ttl_s)
+        return record
+
+    async def _write(self, record: WorkerRecord, load: WorkerLoad, ttl_s: float) -> None:
+        ttl_ms = int(ttl_s * 1000)
+        wkey, lkey = self.keys.worker(record.worker_id), self.keys.load(record.worker_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(wkey, mapping={k: str(v) for k, v in asdict(record).items()})
+            pipe.pexpire(wkey, ttl_ms)
+            pipe.hset(lkey, mapping={k: str(v) for k, v in asdict(load).items()})
+            pipe.pexpire(lkey, ttl_ms)
+            pipe.zadd(self.keys.workers, {record.worker_id: time.time() + ttl_s})
+            await pipe.execute()
+
+    async def heartbeat(self, record: WorkerRecord, load: WorkerLoad, ttl_s: float) -> WorkerRecord | None:
+        """Renew the lease and publish the load. When the registration is gone (the lease lapsed,
+        or Redis restarted) register again and return the new record (its slot may differ)."""
+        exists = await self.client.exists(self.keys.worker(record.worker_id))
+        if not exists:
+            return await self.register(record, load, ttl_s)
+        ttl_ms = int(ttl_s * 1000)
+        lkey = self.keys.load(record.worker_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(lkey, mapping={k: str(v) for k, v in asdict(load).items()})
+            pipe.pexpire(lkey, ttl_ms)
+            pipe.pexpire(self.keys.worker(record.worker_id), ttl_ms)
+            pipe.zadd(self.keys.workers, {record.worker_id: time.time() + ttl_s})
+            await pipe.execute()
+        return None
+
+    async def deregister(self, worker_id: str) -> None:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.worker(worker_id), self.keys.load(worker_id))
+            pipe.zrem(self.keys.workers, worker_id)
+            await pipe.execute()
+        await self._free_slots_of(worker_id)
+
+    async def live_workers(self, model: str | None = None) -> list[LiveWorker]:
+        """Workers whose lease has not expired, in two round trips."""
+        now = time.time()
+        entries = await self.client.zrangebyscore(self.keys.workers, now, "+inf", withscores=True)
+        if not entries:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for wid, _ in entries:
+                pipe.hgetall(self.keys.worker(wid.decode()))
+                pipe.hgetall(self.keys.load(wid.decode()))
+            raw = await pipe.execute()
+        out: list[LiveWorker] = []
+        for i, (_, expiry) in enumerate(entries):
+            rec_raw, load_raw = raw[2 * i], raw[2 * i + 1]
+            if not rec_raw:
+                continue
+            record = _coerce(WorkerRecord, _decode_hash(rec_raw))
+            assert isinstance(record, WorkerRecord)
+            if model is not None and record.model != model:
+                continue
+            load = _coerce(WorkerLoad, _decode_hash(load_raw)) if load_raw else WorkerLoad()
+            assert isinstance(load, WorkerLoad)
+            out.append(LiveWorker(record=record, load=load, lease_expires_at=float(expiry)))
+        return out
+
+    async def expired_workers(self) -> list[str]:
+        now = time.time()
+        return [w.decode() for w in await self.client.zrangebyscore(self.keys.workers, "-inf", now)]
+
+    async def reap(self, worker_id: str) -> None:
+        """Forget a worker whose lease expired: its sorted-set entry and its slot."""
+        await self.client.zrem(self.keys.workers, worker_id)
+        await self._free_slots_of(worker_id)
+
+    async def _free_slots_of(self, worker_id: str) -> None:
+        slots = await self.client.hgetall(self.keys.slots)
+        mine = [s for s, w in slots.items() if w.decode() == worker_id]
+        if mine:
+            await self.client.hdel(self.keys.slots, *mine)

@@ -1,0 +1,37 @@
+"""Context-length budget and the x-sluice-router header (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.api.deps import parse_router_header, router_overrides
+from app.generation import resolve_max_tokens
+from core.errors import ContextLengthExceeded, InvalidRequest
+
+
+def test_max_tokens_defaults_to_what_fits() -> None:
+    assert resolve_max_tokens(None, 100, 8192, 1024) == 1024
+    assert resolve_max_tokens(None, 8000, 8192, 1024) == 192
+
+
+def test_prompt_longer_than_context_is_rejected_with_the_limit() -> None:
+    with pytest.raises(ContextLengthExceeded, match="8192"):
+        resolve_max_tokens(None, 8192, 8192, 16)
+
+
+def test_requested_completion_that_does_not_fit_is_rejected() -> None:
+    with pytest.raises(ContextLengthExceeded, match="maximum context length is 100"):
+        resolve_max_tokens(50, 60, 100, 16)
+    assert resolve_max_tokens(40, 60, 100, 16) == 40
+
+
+def test_router_header_parses_and_body_wins() -> None:
+    assert parse_router_header("mode=kv, temperature=0.5") == {"mode": "kv", "temperature": 0.5}
+    o = router_overrides("mode=kv,overlap_score_weight=2", {"mode": "random", "temperature": None})
+    assert (o.mode, o.overlap_score_weight, o.temperature) == ("random", 2.0, None)
+
+
+@pytest.mark.parametrize("bad", ["mode", "bogus=1", "temperature=hot", "temperature=-1"])
+def test_bad_router_header_is_a_client_error(bad: str) -> None:
+    with pytest.raises(InvalidRequest):
+        parse_router_header(bad)

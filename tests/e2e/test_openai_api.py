@@ -1,0 +1,146 @@
+"""The OpenAI API end to end through uvicorn, Redis, Celery workers and the mocker engine."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+import openai
+import pytest
+
+from sluice.devstack import Stack
+from tests.e2e.conftest import MODEL
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].model_extra["max_model_len"] == 8192
+
+
+def test_chat_non_streaming(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and choice.message.role == "assistant" and choice.message.content
+    assert r.usage.completion_tokens == 12
+    assert r.usage.prompt_tokens > 10
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_chat_streaming_matches_non_streaming_and_reports_usage(client: openai.OpenAI) -> None:
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_stop_string_is_honoured_across_tokens_and_not_leaked(client: openai.OpenAI) -> None:
+    full = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0)
+    text = full.choices[0].message.content
+    assert len(text) > 20
+    stop = text[10:16]  # six characters, wherever the token boundaries fall
+    cut = text.index(stop)
+    for stream in (False, True):
+        if stream:
+            chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40,
+                                                         temperature=0, stop=[stop], stream=True))
+            got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][0]
+        else:
+            r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0, stop=stop)
+            got, reason = r.choices[0].message.content, r.choices[0].finish_reason
+        assert got == text[:cut] and reason == "stop"
+
+
+def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
+    def ask(seed: int) -> str:
+        return client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16, temperature=1.0,
+                                              seed=seed).choices[0].message.content
+    assert ask(7) == ask(7)
+    assert ask(7) != ask(8)
+
+
+def test_completions_text_and_token_prompts(client: openai.OpenAI) -> None:
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    ids_prompt = client.completions.create(model=MODEL, prompt=[1500, 2500, 3500], max_tokens=5, temperature=0)
+    assert ids_prompt.usage.prompt_tokens == 3
+    chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 8
+
+
+def test_repeated_long_prompt_reports_cached_tokens(client: openai.OpenAI, stack: Stack) -> None:
+    long_q = [{"role": "user", "content": "Tell me about rivers. " * 40}]
+    pin = {"x-sluice-router": "worker_id=w1"}
+    first = client.chat.completions.create(model=MODEL, messages=long_q, max_tokens=4, extra_headers=pin)
+    again = client.chat.completions.create(model=MODEL, messages=long_q, max_tokens=4, extra_headers=pin)
+    assert first.usage.prompt_tokens == again.usage.prompt_tokens > 200
+    assert again.usage.prompt_tokens_details.cached_tokens >= 160
+    assert again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens
+
+
+def test_concurrent_streams_all_complete(client: openai.OpenAI) -> None:
+    def one(i: int) -> int:
+        chunks = client.chat.completions.create(model=MODEL, max_tokens=10, stream=True,
+                                                messages=[{"role": "user", "content": f"question {i}"}])
+        return sum(1 for c in chunks if c.choices and c.choices[0].finish_reason == "length")
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert list(pool.map(one, range(32))) == [1] * 32
+
+
+@pytest.mark.parametrize(("body", "status", "param", "code"), [
+    ({"model": "nope", "messages": QUESTION}, 404, "model", "model_not_found"),
+    ({"model": MODEL, "messages": QUESTION, "temperature": 5}, 400, "temperature", None),
+    ({"model": MODEL, "messages": []}, 400, "messages", None),
+    ({"model": MODEL}, 400, "messages", None),
+    ({"model": MODEL, "messages": QUESTION, "n": 2}, 400, "n", None),
+    ({"model": MODEL, "messages": QUESTION, "max_tokens": 0}, 400, "max_tokens", None),
+    ({"model": MODEL, "messages": QUESTION, "max_tokens": 9000}, 400, "max_tokens", "context_length_exceeded"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 9000}]}, 400, "messages",
+     "context_length_exceeded"),
+    ({"model": MODEL, "messages": QUESTION, "stop": [""]}, 400, "stop", None),
+    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, None, None),
+])
+def test_bad_requests_get_openai_errors(stack: Stack, body: dict, status: int, param: str | None,
+                                        code: str | None) -> None:
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param or (err["param"] or "").startswith(param)
+    if code is not None:
+        assert err["code"] == code
+
+
+def test_malformed_json_unknown_route_and_wrong_method(stack: Stack) -> None:
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", content=b"{nope", timeout=10,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.get(f"{stack.base_url}/v1/nothing-here", timeout=10)
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(f"{stack.base_url}/v1/chat/completions", timeout=10)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_bad_completion_prompt_ids(stack: Stack) -> None:
+    r = httpx.post(f"{stack.base_url}/v1/completions", json={"model": MODEL, "prompt": [10**7]}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def test_health_ready_and_metrics(stack: Stack) -> None:
+    assert httpx.get(f"{stack.base_url}/health").json() == {"status": "ok"}
+    ready = httpx.get(f"{stack.base_url}/ready").json()
+    assert ready == {"ready": True, "models": {MODEL: 2}}
+    metrics = httpx.get(f"{stack.base_url}/metrics").text
+    assert "sluice_requests_total" in metrics

@@ -1,0 +1,69 @@
+"""The engines the conformance suite runs against.
+
+Adding an engine is one entry in :data:`ENGINES`: a name, an async factory that starts it with
+the given KV event sink, and the pytest marks that gate it (e.g. ``pytest.mark.vllm``). The
+``engine`` fixture starts each engine once per session (a real engine loads a model) and every
+conformance test shares it, so tests must leave it idle: every request they start ends.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from core.messages import FinishReason, SamplingParams
+from core.settings import MockerSettings
+from tests.support.kv_events import KvEventLog
+from workers.engines.base import Engine, KvEventSink
+from workers.engines.mocker import MockerEngine
+from workers.engines.mocker_tokens import FIRST_TOKEN_ID, expected_output
+
+#: The exact output of a request (tokens, finish reason), for engines that can predict it.
+ExpectedOutput = Callable[[list[int], SamplingParams], tuple[list[int], FinishReason]]
+
+
+@dataclass
+class EngineCase:
+    """A started engine with what the tests need to know about it."""
+
+    name: str
+    engine: Engine
+    kv_events: KvEventLog
+    expected: ExpectedOutput | None = None  # only simulated engines know their output in advance
+    _rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def prompt(self, n: int) -> list[int]:
+        """A fresh prompt of ``n`` ordinary token ids (never shares a block with earlier ones)."""
+        high = min(self.engine.info.vocab_size, 30000)
+        return [self._rng.randrange(FIRST_TOKEN_ID + 100, high) for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    start: Callable[[KvEventSink], Awaitable[tuple[Engine, ExpectedOutput | None]]]
+    marks: tuple[pytest.MarkDecorator, ...] = ()
+
+
+async def _start_mocker(sink: KvEventSink) -> tuple[Engine, ExpectedOutput | None]:
+    # Real time steps (speedup 1): a 16-token request takes about 100 ms, enough for the
+    # batching test to tell one step per token from one step per token per request.
+    engine = MockerEngine("conformance-model", MockerSettings(speedup=1.0, kv_blocks=4096), context_length=4096)
+    await engine.start(sink)
+    info = engine.info
+    return engine, lambda prompt, sampling: expected_output(prompt, sampling, info.vocab_size, info.context_length)
+
+
+ENGINES: dict[str, EngineSpec] = {
+    "mocker": EngineSpec(_start_mocker),
+}
+
+
+@pytest.fixture(scope="session", params=[pytest.param(name, marks=spec.marks) for name, spec in ENGINES.items()])
+async def engine(request: pytest.FixtureRequest) -> AsyncIterator[EngineCase]:
+    log = KvEventLog()
+    started, expected = await ENGINES[request.param].start(log)
+    yield EngineCase(request.param, started, log, expected)
+    await started.shutdown()

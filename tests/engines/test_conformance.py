@@ -1,0 +1,182 @@
+"""The engine contract (workers/engines/base.py), checked against every engine in conftest.ENGINES.
+
+Expectations come from the engine itself (a first greedy run, its own ``info`` and ``load()``),
+never from absolute timings, so the tests hold for a simulated and for a real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from core.messages import SamplingParams
+from router.hashing import block_hashes, root_hash
+from tests.engines.conftest import EngineCase
+from workers.engines.base import EngineOutput, EngineRequest
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
+TIMEOUT_S = 60
+
+
+async def collect(case: EngineCase, prompt: list[int], sampling: SamplingParams) -> list[EngineOutput]:
+    request = EngineRequest(f"conf-{uuid.uuid4().hex[:12]}", prompt, sampling)
+
+    async def run() -> list[EngineOutput]:
+        return [out async for out in case.engine.generate(request)]
+
+    return await asyncio.wait_for(run(), TIMEOUT_S)
+
+
+def tokens_of(outputs: list[EngineOutput]) -> list[int]:
+    return [t for out in outputs for t in out.token_ids]
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Whether ``check`` holds now or within ``timeout_s`` (events may reach the sink late)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def test_outputs_are_ordered_and_complete(engine: EngineCase) -> None:
+    prompt = engine.prompt(20)
+    outputs = await collect(engine, prompt, GREEDY)
+    assert [out.finish_reason is not None for out in outputs] == [False] * (len(outputs) - 1) + [True]
+    assert all(out.usage is None for out in outputs[:-1])
+    last = outputs[-1]
+    assert last.usage is not None
+    assert last.usage.completion_tokens == len(tokens_of(outputs))
+    if engine.expected is not None:
+        assert (tokens_of(outputs), last.finish_reason) == engine.expected(prompt, GREEDY)
+
+
+async def test_max_tokens_finishes_with_length(engine: EngineCase) -> None:
+    sampling = SamplingParams(max_tokens=5, temperature=0.0)
+    outputs = await collect(engine, engine.prompt(12), sampling)
+    assert outputs[-1].finish_reason == "length"
+    assert len(tokens_of(outputs)) == 5
+
+
+async def test_stop_token_finishes_with_stop_and_is_included(engine: EngineCase) -> None:
+    prompt = engine.prompt(16)
+    free_run = tokens_of(await collect(engine, prompt, SamplingParams(max_tokens=12, temperature=0.0)))
+    stop = free_run[5]
+    first = free_run.index(stop)
+    outputs = await collect(engine, prompt, SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop,)))
+    assert tokens_of(outputs) == free_run[: first + 1]
+    assert outputs[-1].finish_reason == "stop"
+
+
+async def test_min_tokens_holds_stop_tokens_back(engine: EngineCase) -> None:
+    prompt = engine.prompt(16)
+    free_run = tokens_of(await collect(engine, prompt, SamplingParams(max_tokens=12, temperature=0.0)))
+    stop = free_run[0]
+    sampling = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop,), min_tokens=4)
+    outputs = await collect(engine, prompt, sampling)
+    out = tokens_of(outputs)
+    assert len(out) >= 4
+    assert stop not in out[:4]
+    assert outputs[-1].finish_reason == ("stop" if out[-1] == stop else "length")
+
+
+async def test_greedy_and_seeded_sampling_are_reproducible(engine: EngineCase) -> None:
+    prompt = engine.prompt(24)
+    greedy = [tokens_of(await collect(engine, prompt, GREEDY)) for _ in range(2)]
+    assert greedy[0] == greedy[1]
+    greedy_seeded = tokens_of(await collect(engine, prompt, SamplingParams(max_tokens=8, temperature=0.0, seed=99)))
+    assert greedy_seeded == greedy[0]
+    seeded = SamplingParams(max_tokens=8, temperature=1.0, seed=1234)
+    assert tokens_of(await collect(engine, prompt, seeded)) == tokens_of(await collect(engine, prompt, seeded))
+
+
+async def test_usage_is_exact(engine: EngineCase) -> None:
+    prompt = engine.prompt(37)
+    outputs = await collect(engine, prompt, SamplingParams(max_tokens=7, temperature=0.0))
+    usage = outputs[-1].usage
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (37, 7)
+    assert usage.cached_tokens == 0  # a prompt never seen before
+
+
+async def test_repeated_prompt_hits_the_prefix_cache(engine: EngineCase) -> None:
+    block_size = engine.engine.info.block_size
+    prompt = engine.prompt(4 * block_size + 3)
+    await collect(engine, prompt, GREEDY)
+    outputs = await collect(engine, prompt, GREEDY)
+    usage = outputs[-1].usage
+    assert usage is not None
+    assert 0 < usage.cached_tokens < len(prompt)
+    assert usage.cached_tokens % block_size == 0
+
+
+async def test_abort_ends_the_stream_and_frees_blocks(engine: EngineCase) -> None:
+    baseline = engine.engine.load().active_blocks
+    request = EngineRequest(f"conf-abort-{uuid.uuid4().hex[:8]}", engine.prompt(40),
+                            SamplingParams(max_tokens=1000, temperature=0.0))
+    stream = engine.engine.generate(request)
+    first = await asyncio.wait_for(anext(stream), TIMEOUT_S)
+    assert first.finish_reason is None
+    assert engine.engine.load().active_blocks > baseline
+    await engine.engine.abort(request.request_id)
+    assert engine.engine.load().active_blocks == baseline
+    rest = await asyncio.wait_for(_drain(stream), 5)
+    assert rest[-1].finish_reason == "abort"
+    usage = rest[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == len(first.token_ids) + len(tokens_of(rest))
+    await engine.engine.abort(request.request_id)  # finished: a no-op
+    await engine.engine.abort("conf-never-seen")  # unknown: a no-op
+
+
+async def _drain(stream) -> list[EngineOutput]:  # type: ignore[no-untyped-def]
+    return [out async for out in stream]
+
+
+async def test_concurrent_requests_are_batched(engine: EngineCase) -> None:
+    n = 8
+    sampling = SamplingParams(max_tokens=16, temperature=0.0)
+
+    async def timed(count: int) -> float:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(collect(engine, engine.prompt(24), sampling) for _ in range(count)))
+        assert all(len(tokens_of(r)) == 16 for r in results)
+        return time.perf_counter() - start
+
+    single = min([await timed(1), await timed(1)])
+    together = await timed(n)
+    # Served one after the other they would take n * single; batched, about one request's time.
+    assert together < n * single / 2, f"{n} concurrent requests took {together:.3f}s, one took {single:.3f}s"
+
+
+async def test_kv_events_match_the_cached_blocks(engine: EngineCase) -> None:
+    info = engine.engine.info
+    prompts = [engine.prompt(3 * info.block_size + 5) for _ in range(3)]
+    await asyncio.gather(*(collect(engine, p, GREEDY) for p in prompts))
+    cached = set(engine.engine.cached_block_hashes())
+    root = root_hash(info.model)
+    for p in prompts:
+        assert set(block_hashes(p, info.block_size, root)) <= cached
+    assert await eventually(lambda: engine.kv_events.replay() == set(engine.engine.cached_block_hashes()))
+
+
+async def test_clear_kv_cache_is_reported(engine: EngineCase) -> None:
+    await collect(engine, engine.prompt(2 * engine.engine.info.block_size + 1), GREEDY)
+    assert engine.engine.cached_block_hashes()
+    await engine.engine.clear_kv_cache()
+    assert engine.engine.cached_block_hashes() == []
+    assert await eventually(lambda: engine.kv_events.replay() == set())
+
+
+@pytest.mark.parametrize("prompt_len", [1, 2])
+async def test_tiny_prompts(engine: EngineCase, prompt_len: int) -> None:
+    outputs = await collect(engine, engine.prompt(prompt_len), SamplingParams(max_tokens=3, temperature=0.0))
+    usage = outputs[-1].usage
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens, outputs[-1].finish_reason) == (prompt_len, 3, "length")

@@ -1,0 +1,64 @@
+"""Worker registry against a real Redis: leases, slots, re-registration."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from core.keys import Keys
+from router.registry import Registry, WorkerLoad, WorkerRecord
+
+
+def record(wid: str) -> WorkerRecord:
+    return WorkerRecord(worker_id=wid, model="m", model_path="/m", pool="agg", queue=f"q.{wid}", pool_queue="q",
+                        engine="mocker", block_size=16, kv_blocks=100, max_num_seqs=8, context_length=1024,
+                        started_at=time.time())
+
+
+@pytest.fixture
+async def registry(redis_server, namespace):  # noqa: ANN001, ANN201
+    client = aioredis.from_url(redis_server.url)
+    yield Registry(client, Keys(namespace))
+    await client.flushdb()
+    await client.aclose()
+
+
+async def test_register_lists_and_hands_out_distinct_slots(registry: Registry) -> None:
+    a = await registry.register(record("a"), WorkerLoad(running=2), 5)
+    b = await registry.register(record("b"), WorkerLoad(), 5)
+    assert {a.slot, b.slot} == {0, 1}
+    live = {w.record.worker_id: w for w in await registry.live_workers("m")}
+    assert set(live) == {"a", "b"}
+    assert live["a"].load.running == 2 and live["a"].record.queue == "q.a"
+    assert await registry.live_workers("other") == []
+
+
+async def test_expired_lease_drops_out_and_slot_is_recycled(registry: Registry) -> None:
+    a = await registry.register(record("a"), WorkerLoad(), 0.3)
+    deadline = time.monotonic() + 5
+    while await registry.live_workers():
+        assert time.monotonic() < deadline, "lease did not expire"
+        await asyncio.sleep(0.05)
+    assert await registry.expired_workers() == ["a"]
+    await registry.reap("a")
+    b = await registry.register(record("b"), WorkerLoad(), 5)
+    assert b.slot == a.slot
+
+
+async def test_heartbeat_reregisters_after_the_registration_vanished(registry: Registry) -> None:
+    a = await registry.register(record("a"), WorkerLoad(), 5)
+    assert await registry.heartbeat(a, WorkerLoad(running=1), 5) is None
+    await registry.client.flushdb()  # what a Redis restart looks like to the worker
+    again = await registry.heartbeat(a, WorkerLoad(running=1), 5)
+    assert again is not None and again.slot == 0
+    assert [w.record.worker_id for w in await registry.live_workers()] == ["a"]
+
+
+async def test_deregister_frees_everything(registry: Registry) -> None:
+    await registry.register(record("a"), WorkerLoad(), 5)
+    await registry.deregister("a")
+    assert await registry.live_workers() == []
+    assert await registry.client.hlen(registry.keys.slots) == 0

@@ -1,0 +1,90 @@
+"""Token streaming over real Redis pub/sub: one shared subscription, ordered coalesced publishing,
+gap detection, reconnection failure delivery."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from app.streams import StreamHub
+from core.messages import TokenDelta, Usage, encode_delta
+from workers.publisher import DeltaPublisher
+
+
+@pytest.fixture
+async def clients(redis_server):  # noqa: ANN001, ANN201
+    a, b = aioredis.from_url(redis_server.url), aioredis.from_url(redis_server.url)
+    yield a, b
+    await a.aclose()
+    await b.aclose()
+
+
+async def drain(stream, n_last: int = 1) -> list[TokenDelta]:  # noqa: ANN001
+    out: list[TokenDelta] = []
+    while not out or not out[-1].is_last:
+        out.extend(await stream.get_batch(5))
+    return out
+
+
+async def test_many_requests_share_one_subscription_in_order(clients, namespace) -> None:  # noqa: ANN001
+    frontend, worker = clients
+    hub = StreamHub(frontend, f"sluice:{namespace}:tok:f1")
+    await hub.start()
+    pubsub_clients_before = len(await frontend.client_list(_type="pubsub"))
+    pub = DeltaPublisher(worker)
+    pub.start()
+    streams = {f"r{i}": hub.open(f"r{i}", "w") for i in range(20)}
+    for seq in range(10):
+        for rid in streams:
+            last = seq == 9
+            pub.publish(hub.channel, encode_delta(TokenDelta(
+                rid, seq, [seq], finish_reason="length" if last else None,
+                usage=Usage(3, 10) if last else None)))
+        await asyncio.sleep(0)
+    for stream in streams.values():
+        deltas = await drain(stream)
+        assert [d.seq for d in deltas] == list(range(10))
+        assert [t for d in deltas for t in d.token_ids] == list(range(10))
+        assert deltas[-1].usage == Usage(3, 10)
+    # one subscription, made at start-up, serves all 20 requests: no connection per request
+    assert await frontend.pubsub_numsub(hub.channel) == [(hub.channel.encode(), 1)]
+    assert len(await frontend.client_list(_type="pubsub")) == pubsub_clients_before
+    await pub.close()
+    await hub.close()
+
+
+async def test_sequence_gap_becomes_an_error(clients, namespace) -> None:  # noqa: ANN001
+    frontend, worker = clients
+    hub = StreamHub(frontend, f"sluice:{namespace}:tok:f2")
+    await hub.start()
+    stream = hub.open("r", "w")
+    await worker.publish(hub.channel, encode_delta(TokenDelta("r", 0, [1])))
+    await worker.publish(hub.channel, encode_delta(TokenDelta("r", 2, [3])))
+    deltas = await drain(stream)
+    assert deltas[-1].error is not None and deltas[-1].error.type == "stream_gap"
+    await hub.close()
+
+
+async def test_messages_for_unknown_requests_are_ignored(clients, namespace) -> None:  # noqa: ANN001
+    frontend, worker = clients
+    hub = StreamHub(frontend, f"sluice:{namespace}:tok:f3")
+    await hub.start()
+    stream = hub.open("mine", None)
+    await worker.publish(hub.channel, encode_delta(TokenDelta("other", 0, [9], finish_reason="stop")))
+    await worker.publish(hub.channel, b"not msgpack at all \xff")
+    await worker.publish(hub.channel, encode_delta(TokenDelta("mine", 0, [1], finish_reason="stop", worker_id="w9")))
+    deltas = await drain(stream)
+    assert deltas[0].token_ids == [1] and stream.worker_id == "w9"
+    await hub.close()
+
+
+async def test_stall_raises_timeout(clients, namespace) -> None:  # noqa: ANN001
+    frontend, _ = clients
+    hub = StreamHub(frontend, f"sluice:{namespace}:tok:f4")
+    await hub.start()
+    stream = hub.open("r", "w")
+    with pytest.raises(TimeoutError):
+        await stream.get_batch(0.05)
+    await hub.close()

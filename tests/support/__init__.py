@@ -1,0 +1,1 @@
+"""Test helpers: a private Redis server, stack launchers, factories."""

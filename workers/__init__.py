@@ -1,0 +1,1 @@
+"""Celery workers: the Celery app, tasks, the engine host and the engines."""

@@ -1,0 +1,1 @@
+"""Engines: one interface (base.py), several implementations, chosen by name in factory.py."""

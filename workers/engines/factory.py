@@ -1,0 +1,31 @@
+"""Builds the engine a worker is configured for. Engines are imported lazily: the vLLM stack is
+heavy and only a vLLM worker needs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from core.settings import Settings
+from workers.engines.base import Engine
+
+
+def _context_length(model_path: Path, default: int = 8192) -> int:
+    config = model_path / "config.json"
+    if config.is_file():
+        data = json.loads(config.read_text())
+        return int(data.get("max_position_embeddings") or data.get("max_seq_len") or default)
+    return default
+
+
+def create_engine(settings: Settings) -> Engine:
+    model_path = settings.resolved_model_path()
+    if settings.worker.engine == "mocker":
+        from workers.engines.mocker import MockerEngine
+
+        return MockerEngine(settings.model, settings.worker.mocker, context_length=_context_length(model_path))
+    if settings.worker.engine == "vllm":
+        from workers.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(settings.model, model_path, settings.worker.vllm)
+    raise ValueError(f"unknown engine {settings.worker.engine!r}")

@@ -1,0 +1,434 @@
+"""The mocker: a simulated engine with a real scheduler, a real paged KV cache and fake math.
+
+Usage: ``SLUICE_ENGINE=mocker sluice worker`` (options under ``SLUICE_WORKER__MOCKER__*``, see
+:class:`core.settings.MockerSettings`); in tests, ``MockerEngine("m", MockerSettings(no_sleep=True))``.
+
+What it simulates, step by step, like vLLM's scheduler and Dynamo's mocker:
+
+* one scheduler task runs steps (forward passes) while there is work. A step first gives every
+  running request its next chunk (one token when decoding, a prefill chunk otherwise), oldest
+  first, then admits waiting requests in arrival order while fewer than ``max_num_seqs`` run,
+  the step's token budget (``max_num_batched_tokens``, long prompts are prefilled in chunks)
+  is not spent and their blocks fit in the KV cache;
+* a request's leading full prompt blocks found in the prefix cache are not computed (its
+  ``cached_tokens``), but the last prompt token always is, as in vLLM;
+* when a running request needs a block and none is free or evictable, the newest running
+  request is preempted: its blocks are released and it waits again, first in line, to recompute
+  its prompt and output (mostly from the prefix cache);
+* each step lasts the time :mod:`workers.engines.mocker_timing` gives it (Dynamo's published
+  model); the scheduler sleeps until the step's end and only then hands out the step's tokens,
+  so time to first token includes the prefill. With ``no_sleep`` steps take no simulated time;
+* tokens come from :mod:`workers.engines.mocker_tokens`, a hash of prompt, seed and position.
+
+Errors: :meth:`MockerEngine.generate` raises (at its first ``__anext__``) a
+:class:`core.errors.InvalidRequest` for a bad request and :class:`core.errors.ContextLengthExceeded`
+for a prompt that can never fit (longer than the context length, or needing more KV blocks than
+the engine has), and :class:`core.errors.UpstreamError` when the scheduler failed or the engine
+is not running. No output has ``finish_reason="error"``: the exception carries the message.
+A scheduler failure fails every request, empties the KV cache and reports
+:class:`~core.messages.AllBlocksCleared`; the scheduler then goes on serving new requests.
+
+``clear_kv_cache`` drops every cached block that no running request holds and reports
+``AllBlocksCleared`` followed by ``BlockStored`` for the blocks still held (see
+:meth:`workers.engines.mocker_kv.KvBlockManager.clear`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import random
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
+from core.messages import AllBlocksCleared, FinishReason, KvEvent, SamplingParams, Usage
+from core.settings import MockerSettings
+from router.hashing import block_hashes, root_hash
+from workers.engines.base import (
+    Engine,
+    EngineInfo,
+    EngineLoad,
+    EngineOutput,
+    EngineRequest,
+    EngineStartError,
+    KvEventSink,
+    discard_kv_events,
+)
+from workers.engines.mocker_kv import KvBlockManager
+from workers.engines.mocker_timing import step_ms
+from workers.engines.mocker_tokens import FIRST_TOKEN_ID, finish_reason, next_token, stream_key
+
+log = logging.getLogger(__name__)
+
+#: A step that starts this soon after the previous step's planned end is planned from that end,
+#: so the loop's wake-up lateness does not add up over a run of busy steps; after a longer gap
+#: (the engine was idle, or the host starved it) the plan restarts from now.
+_CATCH_UP_S = 0.005
+
+
+class _State(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"  # finished computing, or aborted: holds no blocks
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    """One request: what the scheduler computes, and what its output stream has handed out.
+
+    Invariant while running: the request holds the cached blocks ``chain[:num_computed // B]``
+    plus ``uncached`` blocks, together covering its first ``num_computed`` tokens and the
+    chunk scheduled next. Waiting and done requests hold no blocks.
+    """
+
+    request_id: str
+    sampling: SamplingParams
+    tokens: list[int]  # the prompt, then every generated token
+    prompt_len: int
+    key: int  # the token stream (mocker_tokens.stream_key)
+    root: int  # the block-hash chain's seed (model, LoRA)
+    chain: list[int]  # hashes of the full blocks of ``tokens`` known so far
+    state: _State = _State.WAITING
+    num_computed: int = 0  # tokens whose KV is in the cache
+    uncached: int = 0
+    cached_tokens: int | None = None  # set at first admission
+    # the output stream
+    pending: list[int] = field(default_factory=list)
+    emitted: int = 0
+    finish: FinishReason | None = None
+    error: Exception | None = None
+    waiter: asyncio.Future[None] | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.finish is not None or self.error is not None
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
+# A token a step produced for a request, and the finish reason if it was the last one.
+_Delivery = tuple[_Request, int, FinishReason | None]
+
+
+class MockerEngine(Engine):
+    def __init__(self, model: str, settings: MockerSettings, context_length: int = 8192) -> None:
+        self.model = model
+        self.settings = settings
+        self.context_length = context_length
+        #: The longest prompt + output a request may reach: the model's context, capped by the KV
+        #: cache (a lone request must always fit, or preemption could never make room for it).
+        self.max_model_len = min(context_length, settings.kv_blocks * settings.block_size)
+        self._kv = KvBlockManager(settings.kv_blocks, settings.block_size)
+        self._waiting: deque[_Request] = deque()
+        self._running: dict[str, _Request] = {}  # in admission order: oldest first
+        self._live: dict[str, _Request] = {}  # every request whose stream has not ended
+        self._roots: dict[str | None, int] = {}
+        self._sink: KvEventSink = discard_kv_events
+        self._task: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._stopped = False
+
+    # ---- Engine interface ---------------------------------------------------------------------
+    async def start(self, kv_sink: KvEventSink = discard_kv_events) -> None:
+        s = self.settings
+        if self._task is not None:
+            raise EngineStartError("the mocker engine is already started")
+        if s.vocab_size <= FIRST_TOKEN_ID:
+            raise EngineStartError(f"mocker vocab_size must exceed {FIRST_TOKEN_ID} (ids below are special)")
+        self.info = EngineInfo(
+            model=self.model, engine="mocker", block_size=s.block_size, kv_blocks=s.kv_blocks,
+            max_num_seqs=s.max_num_seqs, context_length=self.max_model_len, vocab_size=s.vocab_size,
+        )
+        self._sink = kv_sink
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="mocker-scheduler")
+        self._task.add_done_callback(self._on_scheduler_exit)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        req = self._enqueue(request)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not req.pending and not req.closed:
+                    req.waiter = loop.create_future()
+                    await req.waiter
+                    req.waiter = None
+                if req.error is not None:
+                    raise req.error
+                tokens, req.pending = req.pending, []
+                if req.finish is not None:
+                    yield EngineOutput(tokens, req.finish, self._usage(req))
+                    return
+                yield EngineOutput(tokens)
+        finally:
+            if not req.closed:  # the consumer left early (closed or cancelled the iterator)
+                self._drop(req)
+                self._close(req, finish="abort")
+
+    async def abort(self, request_id: str) -> None:
+        req = self._live.get(request_id)
+        if req is not None:
+            self._drop(req)
+            self._close(req, finish="abort")
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(
+            running=len(self._running), waiting=len(self._waiting),
+            active_blocks=self._kv.active_blocks, total_blocks=self._kv.num_blocks,
+        )
+
+    async def clear_kv_cache(self) -> None:
+        self._kv.clear()
+        self._emit(self._kv.take_events())
+
+    def cached_block_hashes(self) -> list[int]:
+        return self._kv.cached_hashes()
+
+    async def shutdown(self) -> None:
+        self._stopped = True
+        for req in list(self._live.values()):
+            self._drop(req)
+            self._close(req, finish="abort")
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # ---- requests in and out ------------------------------------------------------------------
+    def _enqueue(self, request: EngineRequest) -> _Request:
+        prompt = request.token_ids
+        sampling = request.sampling
+        if self._task is None or self._task.done() or self._stopped or self._wakeup is None:
+            raise UpstreamError("the mocker engine is not running")
+        if request.request_id in self._live:
+            raise InvalidRequest(f"request id {request.request_id!r} is already running")
+        if not prompt:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        if sampling.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
+        if len(prompt) > self.max_model_len:
+            raise ContextLengthExceeded(
+                f"the prompt has {len(prompt)} tokens; this engine takes at most {self.max_model_len} "
+                f"(context length {self.context_length}, KV cache of {self.settings.kv_blocks} blocks "
+                f"of {self.settings.block_size} tokens)",
+                param="messages",
+            )
+        seed = sampling.seed if sampling.seed is not None else random.getrandbits(64)
+        root = self._roots.get(request.lora)
+        if root is None:
+            root = self._roots[request.lora] = root_hash(self.model, request.lora)
+        req = _Request(
+            request_id=request.request_id, sampling=sampling, tokens=list(prompt), prompt_len=len(prompt),
+            key=stream_key(prompt, sampling.temperature, seed), root=root,
+            chain=block_hashes(prompt, self.settings.block_size, root),
+        )
+        self._live[req.request_id] = req
+        self._waiting.append(req)
+        self._wakeup.set()
+        return req
+
+    def _usage(self, req: _Request) -> Usage:
+        return Usage(prompt_tokens=req.prompt_len, completion_tokens=req.emitted, cached_tokens=req.cached_tokens or 0)
+
+    def _close(self, req: _Request, *, finish: FinishReason | None = None, error: Exception | None = None) -> None:
+        """End the request's stream (it still hands out its pending tokens)."""
+        req.finish, req.error = finish, error
+        self._live.pop(req.request_id, None)
+        req.wake()
+
+    def _deliver(self, deliveries: Sequence[_Delivery]) -> None:
+        for req, token, reason in deliveries:
+            if req.closed:  # aborted while its step ran
+                continue
+            req.pending.append(token)
+            req.emitted += 1
+            if reason is not None:
+                self._close(req, finish=reason)
+            else:
+                req.wake()
+
+    # ---- KV blocks ----------------------------------------------------------------------------
+    def _drop(self, req: _Request) -> None:
+        """Take a request out of the scheduler, releasing its blocks."""
+        if req.state is _State.RUNNING:
+            del self._running[req.request_id]
+            self._release(req)
+        elif req.state is _State.WAITING:
+            self._waiting.remove(req)
+        req.state = _State.DONE
+
+    def _release(self, req: _Request) -> None:
+        self._kv.release(req.chain[: req.num_computed // self.settings.block_size], req.uncached)
+        req.uncached = 0
+
+    def _preempt(self, req: _Request) -> None:
+        """Send a running request back to the head of the queue; it recomputes from scratch."""
+        del self._running[req.request_id]
+        self._release(req)
+        req.num_computed = 0
+        req.state = _State.WAITING
+        self._waiting.appendleft(req)
+
+    def _reserve(self, req: _Request, chunk: int) -> bool:
+        """Allocate the blocks ``req``'s next ``chunk`` tokens need, preempting the newest running
+        requests while the cache is short. False when ``req`` itself had to be preempted."""
+        bs = self.settings.block_size
+        held = req.num_computed // bs + req.uncached
+        need = -(-(req.num_computed + chunk) // bs) - held
+        while need > self._kv.available:
+            victim = next(reversed(self._running.values()))
+            self._preempt(victim)
+            if victim is req:
+                return False
+        self._kv.allocate(need)
+        req.uncached += need
+        return True
+
+    def _register_full_blocks(self, req: _Request, start: int, end: int) -> None:
+        """Blocks ``start..end-1`` of ``req`` just filled up: name them and put them in the cache."""
+        bs = self.settings.block_size
+        chain = req.chain
+        known = len(chain)
+        if known < end:  # blocks of generated tokens: continue the chain
+            if known == 0:
+                chain.extend(block_hashes(req.tokens[: end * bs], bs, req.root))
+            else:
+                chain.extend(block_hashes(
+                    req.tokens[(known - 1) * bs : end * bs], bs, req.root, start_block=1, parent=chain[known - 1]))
+        for i in range(start, end):
+            self._kv.register(chain[i], chain[i - 1] if i else None)
+        req.uncached -= end - start
+
+    # ---- the scheduler ------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._wakeup is not None
+        planned_end = loop.time()
+        while True:
+            if not self._running and not self._waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            start = loop.time()
+            try:
+                duration_ms, deliveries = self._step()
+            except Exception as exc:  # noqa: BLE001 - fail the requests, keep the engine serving
+                log.exception("mocker scheduler step failed")
+                self._fail_all(exc)
+                continue
+            self._emit(self._kv.take_events())
+            if self.settings.no_sleep:
+                await asyncio.sleep(0)
+            else:
+                base = planned_end if start - planned_end < _CATCH_UP_S else start
+                planned_end = base + duration_ms / 1000.0
+                await asyncio.sleep(max(0.0, planned_end - loop.time()))
+            self._deliver(deliveries)
+
+    def _step(self) -> tuple[float, list[_Delivery]]:
+        """Schedule and compute one step; returns its duration (ms) and the tokens it produced."""
+        batch: list[tuple[_Request, int]] = []
+        budget, preempted = self._schedule_running(batch, self.settings.max_num_batched_tokens)
+        if not preempted:
+            self._admit(batch, budget)
+        prefill_tokens = decoding = 0
+        for req, chunk in batch:
+            if req.num_computed >= req.prompt_len and req.num_computed == len(req.tokens) - 1:
+                decoding += 1
+            else:
+                prefill_tokens += chunk
+        kv_usage = self._kv.active_blocks / self._kv.num_blocks
+        deliveries = [d for req, chunk in batch if (d := self._compute(req, chunk)) is not None]
+        return step_ms(prefill_tokens, decoding, kv_usage, self.settings.speedup), deliveries
+
+    def _schedule_running(self, batch: list[tuple[_Request, int]], budget: int) -> tuple[int, bool]:
+        """Give running requests their next chunk, oldest first; returns the token budget left and
+        whether a request was preempted (then nobody new is admitted this step, as in vLLM)."""
+        waiting_before = len(self._waiting)
+        for req in list(self._running.values()):
+            if budget <= 0:
+                break
+            if req.state is not _State.RUNNING:  # preempted to make room for an older request
+                continue
+            chunk = min(len(req.tokens) - req.num_computed, budget)
+            if self._reserve(req, chunk):
+                budget -= chunk
+                batch.append((req, chunk))
+        return budget, len(self._waiting) > waiting_before
+
+    def _admit(self, batch: list[tuple[_Request, int]], budget: int) -> None:
+        """Move waiting requests to running, in order, while they fit in this step."""
+        s = self.settings
+        bs = s.block_size
+        while self._waiting and budget > 0 and len(self._running) < s.max_num_seqs:
+            req = self._waiting[0]
+            hit = min(self._kv.cached_prefix(req.chain), (len(req.tokens) - 1) // bs)
+            computed = hit * bs
+            chunk = min(len(req.tokens) - computed, budget)
+            need = -(-(computed + chunk) // bs) - hit
+            reused = req.chain[:hit]
+            if not self._kv.can_allocate(need, reused):
+                break
+            self._waiting.popleft()
+            self._kv.acquire(reused)
+            self._kv.allocate(need)
+            req.num_computed, req.uncached, req.state = computed, need, _State.RUNNING
+            if req.cached_tokens is None:
+                req.cached_tokens = computed
+            self._running[req.request_id] = req
+            budget -= chunk
+            batch.append((req, chunk))
+
+    def _compute(self, req: _Request, chunk: int) -> _Delivery | None:
+        """Run ``chunk`` tokens of ``req``; once its KV has caught up, it samples the next token."""
+        bs = self.settings.block_size
+        before = req.num_computed // bs
+        req.num_computed += chunk
+        after = req.num_computed // bs
+        if after > before:
+            self._register_full_blocks(req, before, after)
+        if req.num_computed < len(req.tokens):  # a prefill chunk short of the end
+            return None
+        token = next_token(req.key, len(req.tokens) - req.prompt_len, req.sampling, self.settings.vocab_size)
+        req.tokens.append(token)
+        reason = finish_reason(token, len(req.tokens) - req.prompt_len, len(req.tokens), req.sampling,
+                               self.max_model_len)
+        if reason is not None:
+            del self._running[req.request_id]
+            self._release(req)
+            req.state = _State.DONE
+        return req, token, reason
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """After a scheduler fault the state cannot be trusted: fail every request and start over
+        with an empty KV cache."""
+        for req in list(self._live.values()):
+            req.state = _State.DONE
+            self._close(req, error=UpstreamError(f"mocker scheduler failed: {type(exc).__name__}: {exc}"))
+        self._waiting.clear()
+        self._running.clear()
+        self._kv = KvBlockManager(self.settings.kv_blocks, self.settings.block_size)
+        self._emit([AllBlocksCleared()])
+
+    def _on_scheduler_exit(self, task: asyncio.Task[None]) -> None:
+        """The scheduler ends only when shutdown cancels it; anything else is a bug that must not
+        leave requests waiting forever."""
+        exc = None if task.cancelled() else task.exception()
+        if exc is None:
+            return
+        log.error("mocker scheduler died", exc_info=exc)
+        self._fail_all(exc)
+
+    def _emit(self, events: Sequence[KvEvent]) -> None:
+        if not events:
+            return
+        try:
+            self._sink(events)
+        except Exception:  # noqa: BLE001 - a broken sink must not stop generation
+            log.exception("KV event sink failed")

@@ -1,0 +1,98 @@
+"""What the mocker generates, and when it stops: pure functions, so tests can predict every token.
+
+A request's output is a hash stream. With ``H(data, seed)`` = xxh3-64 and ``b(ids)`` the
+little-endian uint32 bytes of the prompt::
+
+    key      = H(b(prompt), 0)                       temperature == 0 (greedy: the prompt only)
+             = H(b(prompt), seed mod 2**64)          temperature > 0 (a seed makes it repeatable)
+    token(i) = 16 + H(le64(i), key) mod (vocab_size - 16)
+
+so output token ``i`` depends on the prompt, the seed and ``i`` alone, never on batching, timing
+or the tokens generated before it. Ids 0..15 are never produced: tokenizers keep their special
+tokens (EOS, BOS, chat markers) there, and a stream of them would end or garble requests. The
+engine picks a random seed for a request with ``temperature > 0`` and no seed. ``top_p`` and the
+value of a non-zero temperature do not change the stream.
+
+Stop rules follow vLLM. Until ``min_tokens`` tokens are out, stop token ids cannot be sampled
+(vLLM masks their logits): a draw that hits one is redrawn with the key ``key + 1``, ``key + 2``,
+... (mod 2**64; after 64 draws, the lowest allowed id). After each generated token, a stop token id finishes with ``stop``, the token included;
+otherwise reaching ``max_tokens``, or ``max_model_len`` tokens in prompt plus output, finishes
+with ``length``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import numpy as np
+import xxhash
+
+from core.messages import FinishReason, SamplingParams
+
+#: Token ids below this are never generated (special tokens live there).
+FIRST_TOKEN_ID = 16
+
+_U64 = (1 << 64) - 1
+_MAX_DRAWS = 64
+
+
+def stream_key(prompt_ids: Sequence[int], temperature: float, seed: int) -> int:
+    """The 64-bit key of a request's token stream: ``H(b(prompt), 0 if greedy else seed)``."""
+    data = np.asarray(prompt_ids, dtype="<u4").tobytes()
+    return xxhash.xxh3_64_intdigest(data, 0 if temperature == 0 else seed & _U64)
+
+
+def token_at(key: int, position: int, vocab_size: int, banned: Collection[int] = ()) -> int:
+    """Output token ``position`` (0-based) of the stream ``key``: ``16 + H(le64(i), key) mod (V - 16)``,
+    redrawn with ``key + 1``, ``key + 2``, ... while it is in ``banned``."""
+    span = vocab_size - FIRST_TOKEN_ID
+    data = position.to_bytes(8, "little")
+    for attempt in range(_MAX_DRAWS):
+        token = FIRST_TOKEN_ID + xxhash.xxh3_64_intdigest(data, (key + attempt) & _U64) % span
+        if token not in banned:
+            return token
+    # Only a tiny vocabulary gets here: take the lowest id that is allowed.
+    for token in range(FIRST_TOKEN_ID, vocab_size):
+        if token not in banned:
+            return token
+    raise ValueError("every token id is banned")
+
+
+def next_token(key: int, position: int, sampling: SamplingParams, vocab_size: int) -> int:
+    """Output token ``position`` of a request: stop token ids are banned before ``min_tokens``."""
+    banned = sampling.stop_token_ids if position < sampling.min_tokens else ()
+    return token_at(key, position, vocab_size, banned)
+
+
+def finish_reason(
+    token: int, num_output: int, num_total: int, sampling: SamplingParams, max_model_len: int
+) -> FinishReason | None:
+    """Why a request stops right after generating ``token``, its ``num_output``-th output token
+    (``num_total`` = prompt + output tokens), or None when it goes on."""
+    if num_output >= sampling.min_tokens and token in sampling.stop_token_ids:
+        return "stop"
+    if num_output >= sampling.max_tokens or num_total >= max_model_len:
+        return "length"
+    return None
+
+
+def expected_output(
+    prompt_ids: Sequence[int],
+    sampling: SamplingParams,
+    vocab_size: int,
+    max_model_len: int,
+) -> tuple[list[int], FinishReason]:
+    """The whole output of a request and its finish reason, as the mocker produces it.
+
+    Only defined for reproducible requests: greedy (``temperature == 0``) or seeded.
+    """
+    if sampling.temperature != 0 and sampling.seed is None:
+        raise ValueError("an unseeded request with temperature > 0 is random")
+    key = stream_key(prompt_ids, sampling.temperature, sampling.seed or 0)
+    out: list[int] = []
+    while True:
+        token = next_token(key, len(out), sampling, vocab_size)
+        out.append(token)
+        reason = finish_reason(token, len(out), len(prompt_ids) + len(out), sampling, max_model_len)
+        if reason is not None:
+            return out, reason

@@ -1,0 +1,240 @@
+"""The engine host: one engine per worker process, on its own event loop thread.
+
+Celery task threads hand requests over with :meth:`EngineHost.serve` and block until the
+request has finished, so Celery's view (active tasks, prefetch, Flower) matches the engine's.
+The loop thread owns everything asynchronous: the engine, the Redis client, the delta
+publisher, the heartbeat (lease + load), the control-channel listener (cancel, clear KV).
+
+Invariant: every request handed to :meth:`serve` ends with exactly one last delta on its reply
+channel (``finish_reason`` or ``error``), whatever happens to the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from core.errors import SluiceError
+from core.keys import Keys
+from core.messages import (
+    ControlCommand,
+    ErrorInfo,
+    GenerateRequest,
+    KvEvent,
+    TokenDelta,
+    decode_control,
+    encode_delta,
+    request_from_builtins,
+)
+from core.settings import Settings
+from router.registry import Registry, WorkerLoad, WorkerRecord
+from workers.engines.base import Engine, EngineRequest
+from workers.kv_relay import KvRelay
+from workers.publisher import DeltaPublisher
+
+log = logging.getLogger(__name__)
+
+#: How many cancels for requests not (yet) running a worker remembers.
+_EARLY_CANCELS_MAX = 4096
+
+
+@dataclass
+class WorkerIdentity:
+    worker_id: str
+    model: str
+    model_path: str
+    pool: str
+    queue: str
+    pool_queue: str
+
+
+@dataclass
+class EngineHost:
+    settings: Settings
+    engine: Engine
+    identity: WorkerIdentity
+    keys: Keys = field(init=False)
+    record: WorkerRecord | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = Keys(self.settings.redis.namespace)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="engine-loop", daemon=True)
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._early_cancels: OrderedDict[str, None] = OrderedDict()
+        self._background: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    # ---- lifecycle (called from the Celery main thread) -------------------------------------
+    def start(self) -> None:
+        """Start the loop thread and the engine; raises EngineStartError if the engine cannot start."""
+        self._thread.start()
+        self._call(self._start())
+
+    def go_live(self) -> None:
+        """Register under a lease and start heartbeating: from now on routers may pick this worker."""
+        self._call(self._go_live())
+
+    def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        with contextlib.suppress(Exception):
+            self._call(self._stop(), timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def serve(self, payload: dict) -> None:
+        """Run one request to its end (called from a Celery task thread; blocks)."""
+        request = request_from_builtins(payload)
+        self._call(self._serve(request), timeout=None)
+
+    def _call(self, coro, timeout: float | None = 600):  # type: ignore[no-untyped-def]
+        fut: concurrent.futures.Future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result(timeout)
+
+    # ---- on the loop ------------------------------------------------------------------------
+    async def _start(self) -> None:
+        self.redis = aioredis.from_url(self.settings.redis.url)
+        self.publisher = DeltaPublisher(self.redis)
+        self.publisher.start()
+        self.registry = Registry(self.redis, self.keys)
+        self.kv = KvRelay(self.redis, self.keys, self.identity.worker_id, self.identity.model)
+        await self.engine.start(self._on_kv_events)
+
+    def _on_kv_events(self, events: Sequence[KvEvent]) -> None:
+        self.kv.push(events)
+
+    def _make_record(self) -> WorkerRecord:
+        info = self.engine.info
+        return WorkerRecord(
+            worker_id=self.identity.worker_id, model=self.identity.model, model_path=self.identity.model_path,
+            pool=self.identity.pool, queue=self.identity.queue, pool_queue=self.identity.pool_queue,
+            engine=info.engine, block_size=info.block_size, kv_blocks=info.kv_blocks,
+            max_num_seqs=info.max_num_seqs, context_length=info.context_length, started_at=time.time(),
+        )
+
+    def _load(self) -> WorkerLoad:
+        load = self.engine.load()
+        return WorkerLoad(running=load.running, waiting=load.waiting, active_blocks=load.active_blocks,
+                          total_blocks=load.total_blocks, updated_at=time.time())
+
+    async def _go_live(self) -> None:
+        self.record = await self.registry.register(self._make_record(), self._load(), self.settings.worker.lease_ttl_s)
+        await self.kv.start(self.record.slot, self.engine.cached_block_hashes)
+        self._pubsub = self.redis.pubsub()
+        await self._pubsub.subscribe(self.keys.control_channel(self.identity.worker_id), self.keys.control_broadcast)
+        loop = asyncio.get_running_loop()
+        self._background = [
+            loop.create_task(self._heartbeat(), name="heartbeat"),
+            loop.create_task(self._listen_control(), name="control"),
+        ]
+        log.info("worker %s live on queues %s, %s (slot %d)", self.identity.worker_id,
+                 self.identity.queue, self.identity.pool_queue, self.record.slot)
+
+    async def _heartbeat(self) -> None:
+        interval = self.settings.worker.heartbeat_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                assert self.record is not None
+                fresh = await self.registry.heartbeat(self.record, self._load(), self.settings.worker.lease_ttl_s)
+                if fresh is not None:  # re-registered (Redis lost our lease): the index must be rebuilt
+                    self.record = fresh
+                    await self.kv.start(fresh.slot, self.engine.cached_block_hashes)
+            except Exception:  # noqa: BLE001 - keep heartbeating through Redis hiccups
+                log.exception("heartbeat failed")
+
+    async def _listen_control(self) -> None:
+        while True:
+            try:
+                async for message in self._pubsub.listen():
+                    if message["type"] == "message":
+                        await self._on_control(decode_control(message["data"]))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - resubscribe after a Redis hiccup
+                log.exception("control channel failed; resubscribing")
+                await asyncio.sleep(0.5)
+                with contextlib.suppress(Exception):
+                    self._pubsub = self.redis.pubsub()
+                    await self._pubsub.subscribe(self.keys.control_channel(self.identity.worker_id),
+                                                 self.keys.control_broadcast)
+
+    async def _on_control(self, cmd: ControlCommand) -> None:
+        if cmd.op == "cancel" and cmd.request_id:
+            if cmd.request_id in self._running:
+                await self.engine.abort(cmd.request_id)
+            else:
+                self._early_cancels[cmd.request_id] = None
+                while len(self._early_cancels) > _EARLY_CANCELS_MAX:
+                    self._early_cancels.popitem(last=False)
+        elif cmd.op == "clear_kv":
+            await self.engine.clear_kv_cache()
+
+    async def _serve(self, req: GenerateRequest) -> None:
+        started_at = time.time()
+        if req.request_id in self._early_cancels:
+            self._early_cancels.pop(req.request_id, None)
+            self._send(req, TokenDelta(req.request_id, 0, finish_reason="abort", worker_id=self.identity.worker_id))
+            return
+        if started_at > req.deadline:
+            self._send(req, TokenDelta(req.request_id, 0, worker_id=self.identity.worker_id,
+                                       error=ErrorInfo("timeout", "request deadline passed before a worker took it")))
+            return
+        self._running[req.request_id] = asyncio.current_task()  # type: ignore[assignment]
+        deadline_timer = asyncio.get_running_loop().call_later(
+            max(0.0, req.deadline - started_at), lambda: asyncio.ensure_future(self.engine.abort(req.request_id)))
+        seq = 0
+        try:
+            stream = self.engine.generate(EngineRequest(req.request_id, req.token_ids, req.sampling, req.lora))
+            async for out in stream:
+                if not out.token_ids and out.finish_reason is None:
+                    continue
+                first = seq == 0
+                self._send(req, TokenDelta(
+                    req.request_id, seq, out.token_ids, finish_reason=out.finish_reason, usage=out.usage,
+                    worker_id=self.identity.worker_id if first else None, started_at=started_at if first else None))
+                seq += 1
+                if out.finish_reason is not None:
+                    return
+            raise RuntimeError("engine ended the stream without a finish reason")
+        except SluiceError as exc:  # the engine refused the request or failed cleanly: pass its verdict on
+            log.info("request %s failed: %s", req.request_id, exc.message)
+            self._send(req, TokenDelta(req.request_id, seq, worker_id=self.identity.worker_id,
+                                       error=ErrorInfo(exc.type, exc.message, exc.code)))
+        except Exception as exc:  # noqa: BLE001 - the client gets the error instead of silence
+            log.exception("request %s failed", req.request_id)
+            self._send(req, TokenDelta(req.request_id, seq, worker_id=self.identity.worker_id,
+                                       error=ErrorInfo("engine_error", f"{type(exc).__name__}: {exc}")))
+        finally:
+            deadline_timer.cancel()
+            self._running.pop(req.request_id, None)
+
+    def _send(self, req: GenerateRequest, delta: TokenDelta) -> None:
+        self.publisher.publish(req.reply_channel, encode_delta(delta))
+
+    async def _stop(self) -> None:
+        for task in self._background:
+            task.cancel()
+        for request_id in list(self._running):
+            with contextlib.suppress(Exception):
+                await self.engine.abort(request_id)
+        with contextlib.suppress(Exception):
+            await self.engine.shutdown()
+        with contextlib.suppress(Exception):
+            await self.kv.close()
+        with contextlib.suppress(Exception):
+            await self.registry.deregister(self.identity.worker_id)
+        await self.publisher.close()
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()

@@ -1,0 +1,70 @@
+"""Worker start-up and shut-down, wired to Celery's signals.
+
+* ``celeryd_after_setup``: pick the worker id (Celery's node name unless SLUICE_WORKER__WORKER_ID
+  is set), consume the pool queue and the worker's own queue, start the engine host (loading the
+  model). A worker whose engine cannot start exits with a clear message and never registers.
+* ``worker_ready``: the consumer is up, so register under a lease (routers may now pick us).
+* ``worker_shutdown``: abort what runs, deregister, stop the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
+
+from core.keys import Keys
+from core.settings import get_settings
+from workers.engines.base import EngineStartError
+from workers.engines.factory import create_engine
+from workers.host import EngineHost, WorkerIdentity
+from workers.runtime import RUNTIME
+
+log = logging.getLogger(__name__)
+
+
+@celeryd_after_setup.connect
+def _start_engine(sender: str, instance, **_: object) -> None:  # type: ignore[no-untyped-def]
+    settings = get_settings()
+    keys = Keys(settings.redis.namespace)
+    worker_id = settings.worker.worker_id or sender
+    model_path = settings.resolved_model_path()
+    identity = WorkerIdentity(
+        worker_id=worker_id, model=settings.model, model_path=str(model_path), pool=settings.worker.pool,
+        queue=keys.worker_queue(worker_id), pool_queue=keys.pool_queue(settings.model, settings.worker.pool),
+    )
+    instance.app.amqp.queues.select_add(identity.pool_queue)
+    instance.app.amqp.queues.select_add(identity.queue)
+    if not (model_path / "tokenizer.json").is_file():
+        _die(f"model {settings.model!r}: no tokenizer at {model_path} (run `sluice models prepare {settings.model}` "
+             "or set SLUICE_MODEL_PATH)")
+    host = EngineHost(settings, create_engine(settings), identity)
+    try:
+        host.start()
+    except EngineStartError as exc:
+        _die(f"engine {settings.worker.engine!r} failed to start: {exc}")
+    except Exception as exc:  # noqa: BLE001 - anything else at start-up is just as fatal
+        log.exception("engine start failed")
+        _die(f"engine {settings.worker.engine!r} failed to start: {type(exc).__name__}: {exc}")
+    RUNTIME.host = host
+
+
+@worker_ready.connect
+def _go_live(**_: object) -> None:
+    if RUNTIME.host is not None:
+        RUNTIME.host.go_live()
+
+
+@worker_shutdown.connect
+def _stop(**_: object) -> None:
+    if RUNTIME.host is not None:
+        RUNTIME.host.stop()
+
+
+def _die(message: str) -> None:
+    """Celery swallows exceptions raised by signal receivers: exit the process ourselves."""
+    print(f"sluice worker: {message}", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(3)

@@ -1,0 +1,12 @@
+"""Celery tasks of the inference workers. Tasks take plain data and hand it to the engine host."""
+
+from __future__ import annotations
+
+from workers.celery_app import GENERATE_TASK, app
+from workers.runtime import RUNTIME
+
+
+@app.task(name=GENERATE_TASK, ignore_result=True, acks_late=False)
+def generate(payload: dict) -> None:
+    """Serve one request: stream its tokens to ``payload['reply_channel']`` until it ends."""
+    RUNTIME.require_host().serve(payload)

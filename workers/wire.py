@@ -1,0 +1,73 @@
+"""Celery task messages written straight to a Redis list, in Celery's own protocol (v2).
+
+The frontend enqueues one task per request on its hot path. ``apply_async`` costs about 1 ms of
+CPU per call; building the same message here and pushing it with one ``LPUSH`` costs a fraction
+of that, and Celery workers, Flower and ``celery inspect`` see an ordinary task message. This
+module imports neither Celery nor kombu, so the frontend stays light.
+
+Format (kombu's Redis transport): a JSON envelope ``{body, content-encoding, content-type,
+headers, properties}``; ``body`` is base64 of the JSON triple ``[args, kwargs, embed]``; the
+list key is the queue name (priority 0); workers ``BRPOP`` from the right, so we ``LPUSH``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import uuid
+from typing import Any
+
+import orjson
+
+_ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def task_message(
+    task_name: str,
+    args: list[Any],
+    queue: str,
+    *,
+    task_id: str | None = None,
+    argsrepr: str | None = None,
+) -> bytes:
+    """The bytes to ``LPUSH`` onto ``queue`` so that a Celery worker runs ``task_name(*args)``."""
+    task_id = task_id or str(uuid.uuid4())
+    body = base64.b64encode(orjson.dumps([args, {}, _EMBED])).decode()
+    envelope = {
+        "body": body,
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {
+            "lang": "py",
+            "task": task_name,
+            "id": task_id,
+            "shadow": None,
+            "eta": None,
+            "expires": None,
+            "group": None,
+            "group_index": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "root_id": task_id,
+            "parent_id": None,
+            "argsrepr": argsrepr if argsrepr is not None else repr(args)[:256],
+            "kwargsrepr": "{}",
+            "origin": _ORIGIN,
+            "ignore_result": True,
+            "replaced_task_nesting": 0,
+            "stamped_headers": None,
+            "stamps": {},
+        },
+        "properties": {
+            "correlation_id": task_id,
+            "reply_to": "",
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    return orjson.dumps(envelope)
