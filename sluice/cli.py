@@ -58,7 +58,7 @@ def _flower(args: argparse.Namespace) -> int:
     from workers.celery_app import app
 
     os.environ.setdefault("FLOWER_UNAUTHENTICATED_API", "true")
-    app.start(["flower", f"--port={args.port}", "--address=127.0.0.1"])
+    app.start(["flower", f"--port={args.port}", f"--address={args.address}"])
     return 0
 
 
@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("flower", help="run Flower, Celery's dashboard")
     p.add_argument("--port", type=int, default=5555)
+    p.add_argument("--address", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
     p.set_defaults(func=_flower)
 
     models = sub.add_parser("models", help="manage model directories").add_subparsers(dest="models_cmd", required=True)
