@@ -71,11 +71,12 @@ async def measure(url: str, concurrency: int, requests: int, front_pids: list[in
     return summarize(run, cpu_front, cpu_all)
 
 
-def sluice_stack(workers: int) -> tuple[RedisServer, Stack]:
+def sluice_stack(workers: int, task_events: bool = True) -> tuple[RedisServer, Stack]:
     tok = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
     redis = RedisServer().start()
     stack = Stack(redis_url=redis.url, namespace=f"bench{uuid.uuid4().hex[:6]}", model_path=tok,
-                  env_extra={"SLUICE_WORKER__MOCKER__NO_SLEEP": "true", "SLUICE_ROUTER_MODE": "round_robin"})
+                  env_extra={"SLUICE_WORKER__MOCKER__NO_SLEEP": "true", "SLUICE_ROUTER_MODE": "round_robin",
+                             "SLUICE_WORKER__TASK_EVENTS": "true" if task_events else "false"})
     for i in range(workers):
         stack.start_worker(f"bench{i}")
     stack.start_frontend()
@@ -104,25 +105,30 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     ap.add_argument("--requests", type=int, default=None, help="requests per level (default scales with level)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--task-events", choices=["on", "off", "both"], default="both",
+                    help="Celery task events on the workers (Flower's task views need them; default: measure both)")
     ap.add_argument("--dynamo", action="store_true", help="also measure the Dynamo anchor (if installed)")
     ap.add_argument("--anchor", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "anchors" / "dynamo")
     args = ap.parse_args()
     console = Console(width=200)
-    results: dict[str, list[dict]] = {"sluice": []}
-
-    redis, stack = sluice_stack(args.workers)
-    try:
-        front = [stack.procs["frontend"].popen.pid]
-        workers = [p.popen.pid for n, p in stack.procs.items() if n != "frontend"]
-        pids = front + workers + ([redis.proc.pid] if redis.proc else [])
-        url = f"{stack.base_url}/v1/chat/completions"
-        for c in args.concurrency:
-            n = args.requests or max(300, min(3000, c * 20))
-            console.print(f"sluice: concurrency {c}, {n} requests...")
-            results["sluice"].append(asyncio.run(measure(url, c, n, front, pids, MODEL)))
-    finally:
-        stack.stop()
-        redis.stop()
+    results: dict[str, list[dict]] = {}
+    variants = {"on": [True], "off": [False], "both": [True, False]}[args.task_events]
+    for events in variants:
+        system = "sluice" if events else "sluice (no task events)"
+        results[system] = []
+        redis, stack = sluice_stack(args.workers, events)
+        try:
+            front = [stack.procs["frontend"].popen.pid]
+            workers = [p.popen.pid for n, p in stack.procs.items() if n != "frontend"]
+            pids = front + workers + ([redis.proc.pid] if redis.proc else [])
+            url = f"{stack.base_url}/v1/chat/completions"
+            for c in args.concurrency:
+                n = args.requests or max(300, min(3000, c * 20))
+                console.print(f"{system}: concurrency {c}, {n} requests...")
+                results[system].append(asyncio.run(measure(url, c, n, front, pids, MODEL)))
+        finally:
+            stack.stop()
+            redis.stop()
 
     if args.dynamo:
         started = dynamo_start(args.anchor)
@@ -153,7 +159,7 @@ def main() -> None:
                           f(r["frontend_cpu_ms_per_req"]), f(r["platform_cpu_ms_per_req"]), str(r["errors"]))
     console.print(table)
     if "dynamo" in results:
-        for s_row, d_row in zip(results["sluice"], results["dynamo"], strict=False):
+        for s_row, d_row in zip(results[next(iter(results))], results["dynamo"], strict=False):
             ratio = {k: (s_row[k] / d_row[k]) if s_row.get(k) and d_row.get(k) else None
                      for k in ("req_per_s", "ttft_ms_p50", "frontend_cpu_ms_per_req", "platform_cpu_ms_per_req")}
             s_row["vs_dynamo"] = ratio

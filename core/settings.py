@@ -61,6 +61,8 @@ class WorkerSettings(BaseModel):
     heartbeat_interval_s: float = Field(1.0, gt=0)
     lease_ttl_s: float = Field(3.0, gt=0)
     concurrency: int | None = None
+    #: Send Celery task events (Flower's task views need them; they cost worker CPU per task).
+    task_events: bool = True
     mocker: MockerSettings = MockerSettings()
     vllm: VllmSettings = VllmSettings()
 

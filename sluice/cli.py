@@ -39,8 +39,10 @@ def _worker(args: argparse.Namespace) -> int:
     concurrency = settings.worker.concurrency or engine_seqs
     from workers.celery_app import app
 
-    argv = ["worker", "--pool", "threads", "-c", str(concurrency), "-l", args.log_level, "-E",
+    argv = ["worker", "--pool", "threads", "-c", str(concurrency), "-l", args.log_level,
             "--without-gossip", "--without-mingle"]
+    if settings.worker.task_events:
+        argv.append("-E")
     if settings.worker.worker_id:
         argv += ["-n", f"{settings.worker.worker_id}@%h"]
     app.worker_main(argv)

@@ -34,7 +34,7 @@ def create_celery_app() -> Celery:
         task_default_queue=keys.pool_queue(settings.model, settings.worker.pool),
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
-        worker_send_task_events=True,
+        worker_send_task_events=settings.worker.task_events,
         task_send_sent_event=False,
         broker_transport_options={"visibility_timeout": 3600},
         worker_disable_rate_limits=True,
