@@ -57,7 +57,7 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> RequestR
                         first = first or now
                         last = now
                         chunks_with_text += 1
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         return RequestResult(False, 0, None, tokens, time.perf_counter() - t0, repr(exc))
     if first is None:
         return RequestResult(False, 0, None, tokens, time.perf_counter() - t0, "no tokens")

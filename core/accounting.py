@@ -21,3 +21,24 @@ class UsageRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     error_type: str | None
     created_at: float
     v: int = 1
+
+#: The version of :class:`UsageRecord` this code writes and reads (the ``v`` field).
+USAGE_RECORD_VERSION = 1
+
+
+def usage_batch_to_builtins(records: list[UsageRecord]) -> list[dict[str, object]]:
+    """A batch of records as JSON-ready builtins: the argument of the bookkeeper's task."""
+    return msgspec.to_builtins(records)
+
+
+def usage_batch_from_builtins(data: list[dict[str, object]]) -> list[UsageRecord]:
+    """The inverse of :func:`usage_batch_to_builtins`; raises ValueError on a malformed batch or a
+    record of a version this code does not know."""
+    try:
+        records = msgspec.convert(data, list[UsageRecord])
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"malformed usage batch: {exc}") from exc
+    unknown = {r.v for r in records} - {USAGE_RECORD_VERSION}
+    if unknown:
+        raise ValueError(f"usage records of unknown version(s) {sorted(unknown)}")
+    return records

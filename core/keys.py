@@ -75,17 +75,23 @@ class Keys:
         return f"{self.prefix}:kv-slots"
 
     @property
+    def kv_slot_tags(self) -> str:
+        """String of 4 bytes per slot: a 32-bit tag of the slot's owner (zero: none), written with
+        ``kv_slot_owners``; routers read it with the bitmaps to ignore bits that are not the worker's."""
+        return f"{self.prefix}:kv-slot-tags"
+
+    @property
     def kv_events(self) -> str:
         """Capped stream of KV event batches for observers (field ``b``: msgpack ``KvEventBatch``)."""
         return f"{self.prefix}:kv-events"
 
     def router_inflight(self, model: str) -> str:
-        """Hash: the routers' shared in-flight predictions summed per worker (``d|{worker_id}`` decode blocks,
-        ``p|{worker_id}`` queued prefill blocks) and ``_v``, bumped by every new prediction."""
+        """String of two big-endian uint32 per worker slot: the routers' shared in-flight predictions
+        summed per worker (decode blocks, then prefill blocks not computed yet)."""
         return f"{self.prefix}:{model}:inflight"
 
     def router_inflight_requests(self, model: str) -> str:
-        """Hash request_id -> ``"{worker_id} {decode_blocks} {prefill_blocks}"``: one prediction each."""
+        """Hash request_id -> ``"{slot} {decode_blocks} {prefill_blocks} {worker_id}"``: one prediction each."""
         return f"{self.prefix}:{model}:inflight-req"
 
     def router_inflight_expiry(self, model: str) -> str:

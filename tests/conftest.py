@@ -36,8 +36,7 @@ def redis_client(redis_server: RedisServer, namespace: str) -> Iterator[redis.Re
 @pytest.fixture(scope="session")
 def tokenizer_dir():  # noqa: ANN201
     """The default model's tokenizer-only directory (prepared once into the user cache)."""
-    from workers.models.prepare import prepare_model
-
     from core.settings import Settings
+    from workers.models.prepare import prepare_model
 
     return prepare_model("smollm2", Settings().models_dir, weights=False, progress=False)

@@ -1,0 +1,135 @@
+"""Per-key request and token rates, counted in Redis so that every frontend replica shares them.
+
+Fixed one-minute windows (``core.keys.RATE_WINDOW_S``), numbered ``floor(unix_time / 60)`` on the
+frontend's clock (frontends are expected to keep NTP time; a skewed clock only shifts where its
+windows start). Each key has one hash per window, ``r`` requests admitted and ``t`` tokens charged.
+
+* Admission is one round trip: a Lua script checks both limits and counts the request, atomically,
+  so a burst from many replicas admits exactly ``rpm`` requests per window. A refused request is
+  not counted.
+* Tokens (prompt + completion) are charged when a request finishes, because the completion's length
+  is unknown before. A request is admitted while the window's charged tokens plus its prompt fit in
+  ``tpm``; requests already running when the limit is crossed still finish, so a key can overshoot
+  ``tpm`` by what it had in flight. Charges are batched: one pipelined round trip per wake-up.
+* A refusal's Retry-After is the time left in the window, rounded up (at least 1 s).
+* A prompt larger than the whole ``tpm`` can never be admitted: that is a 400, not a 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from core.errors import InvalidRequest, RateLimited
+from core.keys import RATE_WINDOW_S, RATE_WINDOW_TTL_S, Keys
+
+log = logging.getLogger(__name__)
+
+# KEYS[1] the key's window hash; ARGV: rpm (-1 = none), tpm (-1 = none), prompt tokens, ttl (s).
+# Returns 0 admitted (and counted), 1 over rpm, 2 over tpm.
+_ADMIT = """
+local counts = redis.call('HMGET', KEYS[1], 'r', 't')
+local requests = tonumber(counts[1]) or 0
+local tokens = tonumber(counts[2]) or 0
+local rpm = tonumber(ARGV[1])
+local tpm = tonumber(ARGV[2])
+if rpm >= 0 and requests >= rpm then return 1 end
+if tpm >= 0 and tokens + tonumber(ARGV[3]) > tpm then return 2 end
+redis.call('HINCRBY', KEYS[1], 'r', 1)
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 0
+"""
+
+
+def window_of(now: float) -> int:
+    return int(now // RATE_WINDOW_S)
+
+
+def retry_after_s(now: float) -> int:
+    """Whole seconds until the window containing ``now`` ends (at least 1)."""
+    return max(1, math.ceil((window_of(now) + 1) * RATE_WINDOW_S - now))
+
+
+class RateLimiter:
+    def __init__(self, client: aioredis.Redis, keys: Keys, clock: Callable[[], float] = time.time) -> None:
+        self.client = client
+        self.keys = keys
+        self.clock = clock
+        self._admit = client.register_script(_ADMIT)
+        self._charges: defaultdict[str, int] = defaultdict(int)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def admit(self, key_id: str, rpm: int | None, tpm: int | None, prompt_tokens: int) -> None:
+        """Count one request against the key's current window, or raise RateLimited (nothing counted)."""
+        if rpm is None and tpm is None:
+            return
+        if tpm is not None and prompt_tokens > tpm:
+            raise InvalidRequest(f"The prompt has {prompt_tokens} tokens, more than this key may use in a minute "
+                                 f"({tpm} tokens per minute): it can never be admitted.", code="request_too_large")
+        now = self.clock()
+        verdict = await self._admit(keys=[self.keys.rate(key_id, window_of(now))],
+                                    args=[-1 if rpm is None else rpm, -1 if tpm is None else tpm,
+                                          prompt_tokens, RATE_WINDOW_TTL_S])
+        if verdict == 0:
+            return
+        wait = retry_after_s(now)
+        if verdict == 1:
+            raise RateLimited(f"Rate limit reached: {rpm} requests per minute for this key. "
+                              f"Try again in {wait}s.", retry_after_s=wait)
+        raise RateLimited(f"Rate limit reached: {tpm} tokens per minute for this key. Try again in {wait}s.",
+                          retry_after_s=wait)
+
+    def charge(self, key_id: str, tokens: int) -> None:
+        """Add ``tokens`` to the key's current window, soon (never blocks)."""
+        if tokens <= 0:
+            return
+        self._charges[self.keys.rate(key_id, window_of(self.clock()))] += tokens
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Write the pending charges now (one pipelined round trip). Charges that fail are kept for later."""
+        if not self._charges:
+            return
+        charges, self._charges = self._charges, defaultdict(int)
+        pipe = self.client.pipeline(transaction=False)
+        for key, tokens in charges.items():
+            pipe.hincrby(key, "t", tokens)
+            pipe.expire(key, RATE_WINDOW_TTL_S)
+        try:
+            await pipe.execute()
+        except RedisError:
+            for key, tokens in charges.items():
+                self._charges[key] += tokens
+            raise
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.flush()
+            except RedisError as exc:
+                log.warning("could not charge tokens to rate windows (will retry): %s", exc)
+                await asyncio.sleep(1.0)
+                self._wake.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        try:
+            await self.flush()
+        except RedisError as exc:
+            log.warning("dropping %d pending token charges: %s", len(self._charges), exc)

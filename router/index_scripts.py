@@ -1,0 +1,335 @@
+"""Lua scripts behind the prefix index (router.prefix_index) and the routers' shared in-flight
+predictions (router.inflight). Each runs atomically inside Redis: one call is one consistent step.
+
+Only writers use scripts. The routing read is a plain pipelined ``MGET``/``GETRANGE``: measured on
+Redis 7.0, a script walking the chain costs about 1 µs of Redis time per block (a Lua-to-Redis call
+each), ten times what ``MGET`` needs for the same keys, and Redis time is what every frontend shares.
+
+Conventions shared by every script:
+
+* Block hashes travel as one string of 16 lowercase hex digits per hash (``hex_chain``); a block's
+  bitmap key is the model's block key prefix (``Keys.kv_block_prefix``) followed by those 16 digits,
+  exactly ``Keys.kv_block``. Python names every other key.
+* A bitmap key exists only while some bit is set: clearing the last bit deletes it.
+* Slot ownership lives in two places written together: the ``kv-slots`` hash (slot -> worker id, the
+  authority) and the ``kv-slot-tags`` string (4 bytes per slot, a 32-bit tag of the owner's id, read
+  by routers in the same round trip as the bitmaps).
+* In-flight sums are a string of two big-endian uint32 per slot (decode blocks, then queued prefill
+  blocks), updated with ``BITFIELD ... OVERFLOW SAT INCRBY`` so they never wrap below zero.
+
+The scripts reach the block keys without declaring them in KEYS: fine on a standalone or Sentinel
+Redis; a Redis Cluster would need one model's keys under one hash tag.
+"""
+
+from __future__ import annotations
+
+_HELPERS = r"""
+local function clear(key, slot)
+  redis.call('SETBIT', key, slot, 0)
+  if redis.call('BITCOUNT', key) == 0 then redis.call('DEL', key) end
+end
+
+-- Commands take at most this many arguments from one unpack (Lua's C stack is about 8000).
+local CHUNK = 4000
+
+local function call_chunked(cmd, key, items)
+  local n = 0
+  for i = 1, #items, CHUNK do
+    n = n + redis.call(cmd, key, unpack(items, i, math.min(i + CHUNK - 1, #items)))
+  end
+  return n
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Sets the worker's bit on every block of a hex chain; returns the list of hex hashes.
+local function set_chain(prefix, hex, slot)
+  local hs = {}
+  for p = 1, #hex, 16 do
+    local h = string.sub(hex, p, p + 15)
+    redis.call('SETBIT', prefix .. h, slot, 1)
+    hs[#hs + 1] = h
+  end
+  return hs
+end
+
+local function claim(owners, tags, slot, wid, tag)
+  redis.call('HSET', owners, slot, wid)
+  redis.call('SETRANGE', tags, slot * 4, struct.pack('>I4', tag))
+end
+
+local function unclaim(owners, tags, slot, wid)
+  if redis.call('HGET', owners, slot) == wid then
+    redis.call('HDEL', owners, slot)
+    redis.call('SETRANGE', tags, slot * 4, '\0\0\0\0')
+  end
+end
+
+-- Clears every block a worker holds (events set, if given, and approximate zset) at its recorded slot.
+local function clear_worker(meta_key, set_key, zset_key)
+  local meta = redis.call('HMGET', meta_key, 'slot', 'bprefix')
+  local slot, prefix = tonumber(meta[1]), meta[2]
+  local n = 0
+  if slot then
+    if set_key then
+      for _, h in ipairs(redis.call('SMEMBERS', set_key)) do clear(prefix .. h, slot); n = n + 1 end
+    end
+    for _, h in ipairs(redis.call('ZRANGE', zset_key, 0, -1)) do clear(prefix .. h, slot); n = n + 1 end
+  end
+  if set_key then redis.call('DEL', set_key) end
+  redis.call('DEL', zset_key)
+  return n, slot
+end
+
+-- Adds to a slot's in-flight sums (decode, queued prefill), saturating at 0 and 2^32 - 1.
+local function add_sums(key, slot, d, p)
+  if slot >= 0 and (d ~= 0 or p ~= 0) then
+    redis.call('BITFIELD', key, 'OVERFLOW', 'SAT',
+               'INCRBY', 'u32', '#' .. string.format('%d', 2 * slot), string.format('%d', d),
+               'INCRBY', 'u32', '#' .. string.format('%d', 2 * slot + 1), string.format('%d', p))
+  end
+end
+
+-- Drops a worker's approximate guesses that expired (at most limit); returns how many.
+local function expire_guesses(zset_key, meta_key, now, limit)
+  local gone = redis.call('ZRANGEBYSCORE', zset_key, '-inf', now, 'LIMIT', 0, limit)
+  if #gone == 0 then return 0 end
+  local meta = redis.call('HMGET', meta_key, 'slot', 'bprefix')
+  local slot, prefix = tonumber(meta[1]), meta[2]
+  if slot then
+    for _, h in ipairs(gone) do clear(prefix .. h, slot) end
+  end
+  call_chunked('ZREM', zset_key, gone)
+  return #gone
+end
+"""
+
+#: KEYS: worker meta, worker block set, worker approx zset, slot owners, slot tags, events stream.
+#: ARGV: worker_id, slot, event_id, model, block key prefix, stream maxlen, payload ('' = none), owner
+#: tag, then one argument per event: 'S' .. hex (stored), 'R' .. hex (removed), 'C' (all cleared).
+#: Returns {status, last_event_id, blocks_stored, blocks_removed}; status is 'ok', 'dup' (already
+#: applied), 'gap' (events are missing: resync) or 'busy' (the slot still holds another worker's bits).
+APPLY = _HELPERS + r"""
+local wid, slot, eid = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local owner = redis.call('HGET', KEYS[4], slot)
+if owner and owner ~= wid then return {'busy', -1, 0, 0} end
+local meta = redis.call('HMGET', KEYS[1], 'eid', 'slot')
+local last = tonumber(meta[1])
+if not last then
+  if eid ~= 1 then return {'gap', -1, 0, 0} end
+  last = 0
+elseif tonumber(meta[2]) ~= slot then
+  return {'gap', last, 0, 0}
+end
+if eid <= last then return {'dup', last, 0, 0} end
+if eid > last + 1 then return {'gap', last, 0, 0} end
+
+local prefix = ARGV[5]
+local stored, removed = 0, 0
+for i = 9, #ARGV do
+  local op = ARGV[i]
+  local kind = string.sub(op, 1, 1)
+  if kind == 'S' then
+    stored = stored + call_chunked('SADD', KEYS[2], set_chain(prefix, string.sub(op, 2), slot))
+  elseif kind == 'R' then
+    local hs = {}
+    for p = 2, #op, 16 do hs[#hs + 1] = string.sub(op, p, p + 15) end
+    removed = removed + call_chunked('SREM', KEYS[2], hs)
+    for _, h in ipairs(hs) do clear(prefix .. h, slot) end
+  elseif kind == 'C' then
+    for _, h in ipairs(redis.call('SMEMBERS', KEYS[2])) do clear(prefix .. h, slot); removed = removed + 1 end
+    redis.call('DEL', KEYS[2])
+  end
+end
+redis.call('HSET', KEYS[1], 'eid', eid, 'slot', slot, 'model', ARGV[4], 'bprefix', prefix)
+if not owner then claim(KEYS[4], KEYS[5], slot, wid, tonumber(ARGV[8])) end
+if ARGV[7] ~= '' then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[6], '*', 'b', ARGV[7])
+end
+return {'ok', eid, stored, removed}
+"""
+
+#: KEYS: worker meta, worker block set, worker approx zset, slot owners, slot tags, events stream.
+#: ARGV: worker_id, slot, event_id, model, block key prefix, stream maxlen, payload ('' = none), owner
+#: tag, replace (1: drop the worker's previous state first; 0: add to it), most old blocks to drop
+#: inline, hex chain of the blocks to add.
+#: Returns {'ok', blocks_added} | {'busy', owner} (another worker's bits are still at the slot) |
+#: {'big', n} (the previous state is too large to drop in one step: purge it first, then call again).
+RESYNC = _HELPERS + r"""
+local wid, slot = ARGV[1], tonumber(ARGV[2])
+local owner = redis.call('HGET', KEYS[4], slot)
+if owner and owner ~= wid then return {'busy', owner} end
+if ARGV[9] == '1' then
+  local old = redis.call('SCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3])
+  if old > tonumber(ARGV[10]) then return {'big', old} end
+  local _, old_slot = clear_worker(KEYS[1], KEYS[2], KEYS[3])
+  if old_slot and old_slot ~= slot then unclaim(KEYS[4], KEYS[5], old_slot, wid) end
+end
+local added = call_chunked('SADD', KEYS[2], set_chain(ARGV[5], ARGV[11], slot))
+redis.call('HSET', KEYS[1], 'eid', ARGV[3], 'slot', slot, 'model', ARGV[4], 'bprefix', ARGV[5])
+if not owner then claim(KEYS[4], KEYS[5], slot, wid, tonumber(ARGV[8])) end
+if ARGV[7] ~= '' then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[6], '*', 'b', ARGV[7])
+end
+return {'ok', added}
+"""
+
+#: KEYS: worker meta, worker block set, worker approx zset, slot owners, slot tags.
+#: ARGV: worker_id, most blocks to clear in this call.
+#: Returns {more (1: call again), blocks cleared}. When nothing is left the worker's meta and its
+#: slot ownership go too, and only then may another worker write at that slot.
+PURGE = _HELPERS + r"""
+local meta = redis.call('HMGET', KEYS[1], 'slot', 'bprefix')
+local slot, prefix = tonumber(meta[1]), meta[2]
+if not slot then
+  redis.call('DEL', KEYS[2], KEYS[3])
+  return {0, 0}
+end
+local budget = tonumber(ARGV[2])
+local hs = redis.call('SPOP', KEYS[2], budget)
+for _, h in ipairs(hs) do clear(prefix .. h, slot) end
+local n = #hs
+if n < budget then
+  local zs = redis.call('ZPOPMIN', KEYS[3], budget - n)
+  for i = 1, #zs, 2 do clear(prefix .. zs[i], slot); n = n + 1 end
+end
+if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return {1, n} end
+redis.call('DEL', KEYS[1])
+unclaim(KEYS[4], KEYS[5], slot, ARGV[1])
+return {0, n}
+"""
+
+#: KEYS: pairs of (approx zset, meta), one per worker. ARGV: most guesses dropped per worker.
+#: Returns how many expired guesses were dropped.
+EXPIRE_GUESSES = _HELPERS + r"""
+local now, limit, n = now_ms(), tonumber(ARGV[1]), 0
+for j = 1, #KEYS, 2 do n = n + expire_guesses(KEYS[j], KEYS[j + 1], now, limit) end
+return n
+"""
+
+#: Decides and records a routing decision in one atomic step, so routers deciding at the same moment
+#: take turns: each decision sees every prediction recorded before it.
+#: KEYS: in-flight sums, in-flight requests, in-flight expiry, slot owners, slot tags, then for every
+#: candidate in approximate mode its approx zset and its meta (in candidate order).
+#: ARGV: request_id, prediction ttl ms, u (uniform in [0, 1): ties and sampling), temperature, pinned
+#: candidate (1-based, 0 = none), cost terms (5 little-endian doubles per candidate: static, queued
+#: weight, decode weight, active blocks, slot), record terms (5 doubles per candidate: decode blocks,
+#: prefill blocks, approx cap (0: not approximate), chain number, owner tag), model, block key prefix,
+#: approx ttl ms, number of chains c, the c hex chains, then the candidates' worker ids.
+#: Cost of candidate i, in the same order of operations as router.scoring.evaluate:
+#:   static_i + queued_weight_i * prefill_sum_i + decode_weight_i * max(active_i, decode_sum_i)
+#: Returns {chosen (1-based), cost, approx status ('' | 'ok' | 'busy')}.
+DECIDE = _HELPERS + r"""
+
+local function undo(rid)
+  local rec = redis.call('HGET', KEYS[2], rid)
+  if not rec then return end
+  local slot, d, p = string.match(rec, '^(%-?%d+) (%d+) (%d+) ')
+  add_sums(KEYS[1], tonumber(slot), -tonumber(d), -tonumber(p))
+  redis.call('HDEL', KEYS[2], rid)
+end
+
+local now = now_ms()
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)
+for _, rid in ipairs(expired) do undo(rid) end
+if #expired > 0 then call_chunked('ZREM', KEYS[3], expired) end
+local rid = ARGV[1]
+undo(rid)
+
+local terms, nchains = ARGV[6], tonumber(ARGV[11])
+local n = #terms / 40
+local sums = redis.call('GET', KEYS[1]) or ''
+local nsums = #sums
+local costs, low, unpack_terms, max = {}, math.huge, struct.unpack, math.max
+for i = 1, n do
+  local static, qw, dw, active, slot = unpack_terms('<ddddd', terms, 40 * i - 39)
+  local dsum, psum = 0, 0
+  if slot >= 0 and nsums >= slot * 8 + 8 then dsum, psum = unpack_terms('>I4I4', sums, slot * 8 + 1) end
+  local c = static + qw * psum + dw * max(active, dsum)
+  costs[i] = c
+  if c < low then low = c end
+end
+
+local u, temperature, chosen = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if chosen == 0 then
+  if temperature <= 0 then
+    local ties = {}
+    for i = 1, n do if costs[i] == low then ties[#ties + 1] = i end end
+    chosen = ties[math.floor(u * #ties) + 1]
+  else
+    local cum, acc = {}, 0
+    for i = 1, n do acc = acc + math.exp(-(costs[i] - low) / temperature); cum[i] = acc end
+    local target = u * acc
+    chosen = n
+    for i = 1, n do if cum[i] > target then chosen = i; break end end
+  end
+end
+
+local wid = ARGV[11 + nchains + chosen]
+local slot = struct.unpack('<d', terms, 40 * chosen - 7)
+local d, p, cap, chain, tag = struct.unpack('<ddddd', ARGV[7], 40 * chosen - 39)
+redis.call('HSET', KEYS[2], rid, string.format('%d %d %d ', slot, d, p) .. wid)
+add_sums(KEYS[1], slot, d, p)
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), rid)
+local cost = string.format('%.17g', costs[chosen])
+
+if cap <= 0 then return {chosen, cost, ''} end
+-- Approximate mode: the chosen worker is taken to cache the prompt's blocks from now on.
+local owner = redis.call('HGET', KEYS[4], slot)
+if owner and owner ~= wid then return {chosen, cost, 'busy'} end
+local approx_no = 0
+for i = 1, chosen do
+  if struct.unpack('<d', ARGV[7], 40 * i - 23) > 0 then approx_no = approx_no + 1 end
+end
+local zkey, mkey = KEYS[5 + 2 * approx_no - 1], KEYS[5 + 2 * approx_no]
+local old_slot = tonumber(redis.call('HGET', mkey, 'slot'))
+if old_slot and old_slot ~= slot then
+  -- The worker registered again under another slot: its guesses at the old one go.
+  clear_worker(mkey, nil, zkey)
+  unclaim(KEYS[4], KEYS[5], old_slot, wid)
+end
+if not owner then claim(KEYS[4], KEYS[5], slot, wid, tag) end
+local prefix = ARGV[9]
+redis.call('HSET', mkey, 'slot', slot, 'model', ARGV[8], 'bprefix', prefix)
+expire_guesses(zkey, mkey, now, 512)
+local hex, expiry = ARGV[12 + chain], now + tonumber(ARGV[10])
+-- Deeper blocks get slightly earlier expiries, so the size cap evicts a chain from its tail.
+local args, k = {}, 0
+for q = 1, #hex, 16 do
+  local h = string.sub(hex, q, q + 15)
+  redis.call('SETBIT', prefix .. h, slot, 1)
+  args[#args + 1] = expiry - k / 1024
+  args[#args + 1] = h
+  k = k + 1
+end
+for a = 1, #args, CHUNK do
+  redis.call('ZADD', zkey, unpack(args, a, math.min(a + CHUNK - 1, #args)))
+end
+local over = redis.call('ZCARD', zkey) - cap
+if over > 0 then
+  local popped = redis.call('ZPOPMIN', zkey, over)
+  for j = 1, #popped, 2 do clear(prefix .. popped[j], slot) end
+end
+return {chosen, cost, 'ok'}
+"""
+
+#: KEYS: in-flight sums, in-flight requests, in-flight expiry. ARGV: request_id, 'all' (forget the
+#: prediction) or 'prefill' (its prefill is done: keep only its decode blocks). Returns 1 when found.
+RELEASE = _HELPERS + r"""
+local rec = redis.call('HGET', KEYS[2], ARGV[1])
+if not rec then return 0 end
+local slot, d, p, w = string.match(rec, '^(%-?%d+) (%d+) (%d+) (.*)$')
+slot, d, p = tonumber(slot), tonumber(d), tonumber(p)
+if ARGV[2] == 'prefill' then
+  add_sums(KEYS[1], slot, 0, -p)
+  redis.call('HSET', KEYS[2], ARGV[1], string.format('%d %d 0 ', slot, d) .. w)
+  return 1
+end
+add_sums(KEYS[1], slot, -d, -p)
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+return 1
+"""

@@ -1,0 +1,195 @@
+"""KV-aware routing: send a request where its prompt's prefix is cached, unless that worker is busier
+than the cache hit is worth.
+
+A decision is two Redis round trips whatever the number of workers: one read (router.prefix_index:
+the bitmaps of the prompt's blocks and the slot owner tags), numpy for the overlaps and the parts of
+the cost that do not depend on the shared in-flight sums (router.scoring, formula there), then one
+script that reads the sums, finishes the costs, picks and records the prediction atomically
+(router.inflight), so frontends routing at the same moment take turns instead of piling onto one
+worker. :meth:`KvPolicy.best` answers without recording: one round trip, the sums read with the
+bitmaps.
+
+Herding: a shared system prompt makes every request overlap most on the workers that cached it. The
+load term stops the herd: each routed request adds its blocks to the worker's predicted decode load
+at once, for every frontend, so once a cached worker is ``weight × overlap`` blocks busier than an idle
+one, the idle one wins (and caches the prefix too).
+
+Approximate mode, for engines that publish no KV events: the router records the prompt's blocks as
+cached on the chosen worker for ``RouterSettings.approx_ttl_s``, at most ``approx_max_blocks`` (and the
+worker's ``kv_blocks``) per worker, in the same call that records the prediction. Expired guesses go
+when the worker is picked again or at the reaper's next sweep (router.reaper), whichever comes first.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import functools
+import logging
+import random
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from core.errors import NoWorkerAvailable
+from core.keys import Keys
+from core.settings import RouterSettings
+from router.hashing import block_hashes, root_hash
+from router.inflight import Candidates, InflightStore
+from router.policies import RouteDecision, RouteRequest
+from router.prefix_index import PrefixIndex, owner_tag
+from router.registry import LiveWorker, WorkerRecord
+from router.scoring import CostTerms, cost_terms, evaluate, pick_index, prompt_blocks
+
+log = logging.getLogger(__name__)
+
+_root_hash = functools.lru_cache(maxsize=1024)(root_hash)
+
+
+def as_token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Token ids as a uint32 array (array.array converts a list about three times faster than numpy)."""
+    if isinstance(token_ids, np.ndarray):
+        return token_ids.astype(np.uint32, copy=False)
+    return np.frombuffer(array.array("I", token_ids), dtype=np.uint32)
+
+
+def publishes_kv_events(record: WorkerRecord) -> bool:
+    """Whether the worker's engine reports its cache (False: approximate mode). Reads the record's
+    ``kv_events`` field once the registry has it; until then every engine is taken to publish."""
+    return bool(getattr(record, "kv_events", True))
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A scored request: per candidate worker (aligned arrays, in the order given) what the decision needs."""
+
+    workers: Sequence[LiveWorker]
+    chains: list[list[int]]
+    chain_no: np.ndarray
+    slots: np.ndarray
+    prompt: np.ndarray
+    overlap: np.ndarray
+    terms: CostTerms
+    temperature: float
+    pinned: int | None
+    decode: np.ndarray
+    prefill: np.ndarray
+
+
+class KvPolicy:
+    """The ``kv`` routing mode; one instance per process, shared by all its requests."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys, settings: RouterSettings,
+                 *, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.index = PrefixIndex(client, keys)
+        self.inflight = InflightStore(client, keys, settings.inflight_ttl_s)
+        self._rng = rng or random.Random()
+        self._model_of: dict[str, str] = {}
+        self._tasks: set[asyncio.Task[bool]] = set()
+
+    def _approximate(self, worker: LiveWorker) -> bool:
+        return self.settings.approximate or not publishes_kv_events(worker.record)
+
+    # ---- Policy ---------------------------------------------------------------------------------
+    async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
+        """Pick a worker and record the request as in flight on it until :meth:`release`."""
+        s = await self._score(request, workers, with_sums=False)
+        candidates = self._candidates(s)
+        decision = await self.inflight.decide(
+            request.model, request.request_id, candidates, s.terms, s.chains if candidates.approx_cap.any() else [],
+            temperature=s.temperature, u=self._rng.random(), pinned=s.pinned, approx_ttl_s=self.settings.approx_ttl_s)
+        if decision.approx_status == "busy":
+            log.info("approximate guesses for %s skipped: its slot still holds a gone worker's blocks",
+                     candidates.worker_ids[decision.index])
+        self._model_of[request.request_id] = request.model
+        return self._decision(s, decision.index, decision.cost)
+
+    async def best(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
+        """The decision :meth:`choose` would make, recording nothing (the standalone router's query)."""
+        s = await self._score(request, workers, with_sums=True)
+        costs = evaluate(s.terms, s.prefill, s.decode)
+        idx = s.pinned if s.pinned is not None else pick_index(costs, s.temperature, self._rng.random())
+        return self._decision(s, idx, float(costs[idx]))
+
+    def release(self, request_id: str) -> None:
+        """The request finished: drop its prediction (in the background; see :meth:`flush`)."""
+        model = self._model_of.pop(request_id, None)
+        if model is not None:
+            self._spawn(self.inflight.release(model, request_id))
+
+    def prefill_done(self, request_id: str) -> None:
+        """The request's first token is out: its prompt no longer counts as queued prefill."""
+        model = self._model_of.get(request_id)
+        if model is not None:
+            self._spawn(self.inflight.prefill_done(model, request_id))
+
+    async def flush(self) -> None:
+        """Wait for the background releases to reach Redis (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[None, None, bool]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[bool]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("releasing a routing prediction failed: %s", task.exception())
+
+    # ---- the steps ------------------------------------------------------------------------------
+    async def _score(self, request: RouteRequest, workers: Sequence[LiveWorker], *, with_sums: bool) -> Scored:
+        if not workers:
+            raise NoWorkerAvailable(f"no live worker serves model {request.model!r}")
+        over = request.overrides
+        n = len(workers)
+        records = [w.record for w in workers]
+        slots = np.fromiter((r.slot for r in records), dtype=np.int64, count=n)
+        sizes = np.fromiter((r.block_size for r in records), dtype=np.int64, count=n)
+        tokens = as_token_array(request.token_ids)
+        root = _root_hash(request.model, request.lora)
+        distinct = sorted(set(sizes.tolist()))
+        chains = [block_hashes(tokens, bs, root) for bs in distinct]
+        chain_no = np.searchsorted(distinct, sizes)
+        indexed = np.flatnonzero(slots >= 0)
+        read = await self.index.read(request.model, chains, slots[indexed], with_sums=with_sums)
+        overlap = np.zeros(n, dtype=np.int64)
+        decode = np.zeros(n, dtype=np.int64)
+        prefill = np.zeros(n, dtype=np.int64)
+        if indexed.size:
+            # Bits at a slot count only while the index says the slot is this worker's (not a gone one's).
+            mine = read.tags == np.fromiter((owner_tag(records[i].worker_id) for i in indexed), np.int64,
+                                            count=indexed.size)
+            held = np.stack(read.overlaps)[chain_no[indexed], np.arange(indexed.size)]
+            overlap[indexed] = np.where(mine, held, 0)
+            decode[indexed], prefill[indexed] = read.decode, read.prefill
+        prompt = prompt_blocks(tokens.size, sizes)
+        weight = self.settings.overlap_score_weight if over.overlap_score_weight is None else over.overlap_score_weight
+        active = np.fromiter((w.load.active_blocks for w in workers), dtype=np.int64, count=n)
+        return Scored(
+            workers=workers, chains=chains, chain_no=chain_no, slots=slots, prompt=prompt, overlap=overlap,
+            terms=cost_terms(prompt, overlap, active, sizes, weight=weight),
+            temperature=self.settings.temperature if over.temperature is None else over.temperature,
+            pinned=next((i for i, r in enumerate(records) if r.worker_id == over.worker_id), None)
+            if over.worker_id else None,
+            decode=decode, prefill=prefill,
+        )
+
+    def _candidates(self, s: Scored) -> Candidates:
+        cap_limit = self.settings.approx_max_blocks
+        caps = np.array([min(cap_limit, w.record.kv_blocks or cap_limit) if self._approximate(w) else 0
+                         for w in s.workers], dtype=np.int64)
+        caps[s.slots < 0] = 0
+        return Candidates(worker_ids=[w.record.worker_id for w in s.workers], slots=s.slots,
+                          decode_blocks=s.prompt, prefill_blocks=s.prompt - s.overlap, chain=s.chain_no,
+                          approx_cap=caps)
+
+    @staticmethod
+    def _decision(s: Scored, idx: int, cost: float) -> RouteDecision:
+        record = s.workers[idx].record
+        return RouteDecision(worker_id=record.worker_id, queue=record.queue,
+                             overlap_blocks=int(s.overlap[idx]), cost=cost)

@@ -1,0 +1,272 @@
+"""The Redis prefix index: which worker holds which KV block, one bitmap per block.
+
+Layout (core.keys): ``{model}:kv:{hash}`` is a bitmap with bit ``slot`` set while the worker at that
+slot holds the block (the key disappears with its last bit); ``kvw:{worker}`` (set) and
+``kva:{worker}`` (sorted set by expiry, approximate mode) list what each worker holds so it can be
+purged; ``kvm:{worker}`` records the worker's last applied event id, slot and model, and outlives
+the lease so a reaper can purge a worker whose registration already expired; ``kv-slots`` says whose
+bits each slot holds and ``kv-slot-tags`` repeats it as 32-bit tags, cheap to read.
+
+Invariants:
+
+* A worker's bits change only through its own event batches (:meth:`PrefixIndex.apply`, atomic per
+  batch, in event id order), its resyncs, or a purge. A batch whose id does not follow the last
+  applied one is refused as a gap and the worker resyncs (:meth:`PrefixIndex.resync`).
+* Slots are recycled by the registry when a lease ends. A slot's bits are written only by the worker
+  the index records as its owner; a new holder of the slot first purges the previous owner, so the
+  bitmaps never credit a worker with a dead predecessor's blocks (readers also check the owner).
+* Scoring a prompt against every worker is one Redis round trip (:meth:`PrefixIndex.read`), whatever
+  the number of workers: an ``MGET`` of the prompt's block bitmaps (per block size) and a
+  ``GETRANGE`` of the slot tags (and of the in-flight sums), pipelined; numpy finds each worker's
+  leading run (router.scoring).
+
+Usage on a worker host (one task per worker calls these in order)::
+
+    index = PrefixIndex(redis_client, keys)
+    await index.resync(worker_id, slot, model, engine.cached_block_hashes(), event_id=0)
+    result = await index.apply(batch, slot=slot, model=model)
+    if result.needs_resync:
+        await index.resync(worker_id, slot, model, engine.cached_block_hashes(), batch.event_id)
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import redis.asyncio as aioredis
+import xxhash
+
+from core.keys import KV_EVENTS_STREAM_MAXLEN, Keys
+from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch, encode_kv_batch
+from router import index_scripts
+from router.resp import pack_command, pack_mget, roundtrip
+from router.scoring import leading_overlaps
+
+#: Blocks cleared per purge call: bounds how long one call holds Redis.
+PURGE_CHUNK_BLOCKS = 20_000
+#: Blocks written per resync call; a larger state is written in several calls (not atomically).
+RESYNC_CHUNK_BLOCKS = 100_000
+#: Expired approximate guesses dropped per worker per sweep (the rest go on the next sweeps).
+APPROX_EXPIRE_PER_SWEEP = 10_000
+
+ApplyStatus = Literal["ok", "dup", "gap", "busy"]
+
+
+def hex_chain(block_hashes: Sequence[int]) -> str:
+    """The wire form of a list of block hashes for the scripts: 16 hex digits per hash, as in Keys.kv_block."""
+    return struct.pack(f">{len(block_hashes)}Q", *block_hashes).hex()
+
+
+@functools.lru_cache(maxsize=65536)
+def owner_tag(worker_id: str) -> int:
+    """The 32-bit tag of a worker in ``kv-slot-tags`` (never 0, which means no owner)."""
+    return xxhash.xxh32_intdigest(worker_id.encode()) or 1
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What :meth:`PrefixIndex.apply` did. ``status``: ``ok`` applied; ``dup`` the batch was applied
+    before (ignored); ``gap`` batches are missing (or the index lost the worker, e.g. Redis restarted,
+    or the worker's slot changed); ``busy`` the slot still holds another worker's bits. On ``gap`` and
+    ``busy`` nothing was applied and the worker must resync."""
+
+    status: ApplyStatus
+    last_event_id: int
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+
+    @property
+    def needs_resync(self) -> bool:
+        return self.status in ("gap", "busy")
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRead:
+    """One scoring read. ``overlaps[c][j]``: leading blocks of chain ``c`` held at ``slots[j]``;
+    ``tags[j]``: the owner tag of ``slots[j]`` (0: no owner); ``decode[j]``/``prefill[j]``: the
+    in-flight sums of ``slots[j]`` (zeros unless asked for)."""
+
+    slots: np.ndarray
+    overlaps: list[np.ndarray]
+    tags: np.ndarray
+    decode: np.ndarray
+    prefill: np.ndarray
+
+
+def _ops(batch: KvEventBatch) -> list[str]:
+    ops: list[str] = []
+    for event in batch.events:
+        if isinstance(event, BlockStored):
+            if event.block_hashes:
+                ops.append("S" + hex_chain(event.block_hashes))
+        elif isinstance(event, BlockRemoved):
+            if event.block_hashes:
+                ops.append("R" + hex_chain(event.block_hashes))
+        elif isinstance(event, AllBlocksCleared):
+            ops.append("C")
+    return ops
+
+
+def _uint32_at(blob: bytes, offsets: np.ndarray) -> np.ndarray:
+    """The big-endian uint32 numbers ``offsets`` of a blob; 0 past its end (Redis reads missing as 0)."""
+    values = np.frombuffer(blob[: len(blob) // 4 * 4], dtype=">u4")
+    out = np.zeros(offsets.size, dtype=np.int64)
+    inside = offsets < values.size
+    out[inside] = values[offsets[inside]]
+    return out
+
+
+class PrefixIndex:
+    def __init__(self, client: aioredis.Redis, keys: Keys, *, stream_maxlen: int = KV_EVENTS_STREAM_MAXLEN) -> None:
+        self.client = client
+        self.keys = keys
+        self.stream_maxlen = stream_maxlen
+        self._apply = client.register_script(index_scripts.APPLY)
+        self._resync = client.register_script(index_scripts.RESYNC)
+        self._purge = client.register_script(index_scripts.PURGE)
+        self._expire = client.register_script(index_scripts.EXPIRE_GUESSES)
+
+    def _worker_keys(self, worker_id: str) -> list[str]:
+        k = self.keys
+        return [k.kv_worker_meta(worker_id), k.kv_worker(worker_id), k.kv_worker_approx(worker_id),
+                k.kv_slot_owners, k.kv_slot_tags]
+
+    # ---- writers: the worker host and the reaper -----------------------------------------------
+    async def apply(self, batch: KvEventBatch, *, slot: int, model: str, publish: bool = True) -> ApplyResult:
+        """Apply one event batch atomically and append it to the ``kv-events`` stream (``publish``).
+
+        Events apply in order. ``BlockStored.parent_hash`` is not needed: a chained hash already names
+        its whole prefix. Removing a block the index does not list for the worker is a no-op."""
+        keys = [*self._worker_keys(batch.worker_id), self.keys.kv_events]
+        args = [batch.worker_id, slot, batch.event_id, model, self.keys.kv_block_prefix(model), self.stream_maxlen,
+                encode_kv_batch(batch) if publish else b"", owner_tag(batch.worker_id), *_ops(batch)]
+        status, last, stored, removed = await self._apply(keys=keys, args=args)
+        return ApplyResult(status.decode(), int(last), int(stored), int(removed))
+
+    async def resync(self, worker_id: str, slot: int, model: str, block_hashes: Sequence[int], event_id: int,
+                     *, publish: bool = True) -> int:
+        """Replace everything the index holds for the worker with ``block_hashes``; the next batch
+        expected is ``event_id + 1``. Returns the number of blocks written.
+
+        Atomic when the old and the new state each fit in one call (:data:`RESYNC_CHUNK_BLOCKS`);
+        a larger state is written in several calls, during which the index under-reports the worker.
+        The previous owner of the slot, if another worker, is purged first. The stream gets one batch
+        per call: ``AllBlocksCleared`` then ``BlockStored`` (no parent: a set, not a chain)."""
+        keys = [*self._worker_keys(worker_id), self.keys.kv_events]
+        hashes = list(block_hashes)
+        prefix = self.keys.kv_block_prefix(model)
+        written = 0
+        for start in range(0, max(len(hashes), 1), RESYNC_CHUNK_BLOCKS):
+            part = hashes[start:start + RESYNC_CHUNK_BLOCKS]
+            first = start == 0
+            events = [AllBlocksCleared(), BlockStored(part)] if first else [BlockStored(part)]
+            payload = encode_kv_batch(KvEventBatch(worker_id, event_id, events)) if publish else b""
+            args = [worker_id, slot, event_id, model, prefix, self.stream_maxlen, payload, owner_tag(worker_id),
+                    1 if first else 0, RESYNC_CHUNK_BLOCKS, hex_chain(part)]
+            busy_with: set[str] = set()
+            while True:
+                reply = await self._resync(keys=keys, args=args)
+                status = reply[0].decode()
+                if status == "ok":
+                    written += int(reply[1])
+                    break
+                if status == "busy":
+                    owner = reply[1].decode()
+                    if owner in busy_with:
+                        await self._drop_ownership(slot, owner)  # its record is gone: nothing left to purge
+                    busy_with.add(owner)
+                    await self.purge(owner)
+                else:  # 'big': drop the old state in bounded steps, then write
+                    await self.purge(worker_id)
+        return written
+
+    async def purge(self, worker_id: str) -> int:
+        """Forget every block of the worker (dead, or its cache was cleared) and release its slot in
+        the index. The slot and model come from the index's own record of the worker, so this works
+        after the registration expired. Runs in bounded steps; idempotent. Returns blocks cleared."""
+        keys = self._worker_keys(worker_id)
+        total = 0
+        while True:
+            more, n = await self._purge(keys=keys, args=[worker_id, PURGE_CHUNK_BLOCKS])
+            total += int(n)
+            if not int(more):
+                return total
+
+    async def expire_guesses(self, worker_ids: Sequence[str]) -> int:
+        """Drop the expired approximate-mode guesses of these workers (the reaper's sweep). Returns how many."""
+        if not worker_ids:
+            return 0
+        keys = [k for wid in worker_ids for k in (self.keys.kv_worker_approx(wid), self.keys.kv_worker_meta(wid))]
+        return int(await self._expire(keys=keys, args=[APPROX_EXPIRE_PER_SWEEP]))
+
+    async def _drop_ownership(self, slot: int, owner: str) -> None:
+        """Forget an owner the index has no record of (someone deleted its keys by hand)."""
+        if (await self.client.hget(self.keys.kv_slot_owners, slot) or b"").decode() != owner:
+            return
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.kv_slot_owners, slot)
+            pipe.setrange(self.keys.kv_slot_tags, slot * 4, b"\0\0\0\0")
+            await pipe.execute()
+
+    # ---- readers: routers -----------------------------------------------------------------------
+    async def read(
+        self,
+        model: str,
+        chains: Sequence[Sequence[int]],
+        slots: Sequence[int],
+        *,
+        with_sums: bool = False,
+    ) -> IndexRead:
+        """Everything a routing decision reads, in ONE round trip whatever the number of workers: per
+        chain (one per distinct block size) the leading overlap of every slot, the slots' owner tags
+        and, with ``with_sums``, the model's in-flight sums."""
+        slot_arr = np.asarray(slots, dtype=np.int64)
+        top = int(slot_arr.max()) + 1 if slot_arr.size else 1
+        prefix = self.keys.kv_block_prefix(model).encode()
+        packed = [pack_mget(prefix, chain) for chain in chains if chain]
+        packed.append(pack_command("GETRANGE", self.keys.kv_slot_tags, 0, 4 * top - 1))
+        if with_sums:
+            packed.append(pack_command("GETRANGE", self.keys.router_inflight(model), 0, 8 * top - 1))
+        replies = await roundtrip(self.client, b"".join(packed), len(packed))
+        overlaps = []
+        it = iter(replies)
+        for chain in chains:
+            if not chain:
+                overlaps.append(np.zeros(slot_arr.size, dtype=np.int64))
+                continue
+            values = next(it)
+            held = values.index(None) if None in values else len(values)
+            overlaps.append(leading_overlaps(values[:held], slot_arr))
+        tags = _uint32_at(next(it), slot_arr)
+        if with_sums:
+            sums = next(it)
+            decode, prefill = _uint32_at(sums, 2 * slot_arr), _uint32_at(sums, 2 * slot_arr + 1)
+        else:
+            decode = prefill = np.zeros(slot_arr.size, dtype=np.int64)
+        return IndexRead(slot_arr, overlaps, tags, decode, prefill)
+
+    async def overlaps(self, model: str, block_hashes: Sequence[int], slots: Sequence[int]) -> dict[int, int]:
+        """Leading blocks of ``block_hashes`` held at each slot, in one round trip."""
+        if not slots:
+            return {}
+        read = await self.read(model, [block_hashes], slots)
+        return {int(s): int(o) for s, o in zip(read.slots, read.overlaps[0], strict=True)}
+
+    async def owners(self) -> dict[int, str]:
+        """slot -> worker whose bits the index holds there."""
+        raw = await self.client.hgetall(self.keys.kv_slot_owners)
+        return {int(s): w.decode() for s, w in raw.items()}
+
+    async def sizes(self, worker_ids: Sequence[str]) -> dict[str, int]:
+        """How many blocks the index lists for each worker (events and approximate guesses)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for wid in worker_ids:
+                pipe.scard(self.keys.kv_worker(wid))
+                pipe.zcard(self.keys.kv_worker_approx(wid))
+            counts = await pipe.execute()
+        return {wid: int(counts[2 * i]) + int(counts[2 * i + 1]) for i, wid in enumerate(worker_ids)}

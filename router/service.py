@@ -1,0 +1,210 @@
+"""The standalone router service, for gateways and other frontends: ``sluice router``.
+
+Listens on ``SLUICE_ROUTER__HOST`` / ``SLUICE_ROUTER__PORT`` (default 127.0.0.1:8001) and answers
+with the KV-aware policy's choice without routing anything (nothing is recorded as in flight)::
+
+    POST /best_worker  {"model": "smollm2", "token_ids": [1, 2, 3]}      (or "text": "..." instead)
+        -> {"worker_id": "...", "queue": "...", "overlap_blocks": 0, "cost": 3.0}
+    GET  /workers[?model=...]
+        -> {"object": "list", "data": [{"worker_id": ..., "load": {...}, "index_blocks": ...}, ...]}
+
+``text`` is tokenized with the ``tokenizer.json`` in the model directory a live worker registered
+(special tokens added, as for a completions prompt). Errors have the OpenAI shape
+``{"error": {"message", "type", "param", "code"}}``. The service also runs the reaper (router.reaper).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, model_validator
+
+from core.errors import InvalidRequest, NoWorkerAvailable, SluiceError
+from core.keys import Keys
+from core.settings import Settings, get_settings
+from router.kv_policy import KvPolicy, publishes_kv_events
+from router.policies import RouteRequest, RouterOverrides
+from router.reaper import run_reaper
+from router.registry import LiveWorker, Registry
+
+TokenId = Annotated[int, Field(ge=0, lt=2**32)]
+
+
+class BestWorkerRequest(BaseModel):
+    model: str
+    token_ids: list[TokenId] | None = None
+    text: str | None = None
+    lora: str | None = None
+    overlap_score_weight: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> BestWorkerRequest:
+        if (self.token_ids is None) == (self.text is None):
+            raise ValueError("give exactly one of token_ids and text")
+        return self
+
+
+class BestWorkerResponse(BaseModel):
+    worker_id: str
+    queue: str
+    overlap_blocks: int
+    cost: float
+
+
+class WorkerLoadPublic(BaseModel):
+    running: int
+    waiting: int
+    active_blocks: int
+    total_blocks: int
+    kv_usage: float
+
+
+class WorkerPublic(BaseModel):
+    worker_id: str
+    model: str
+    pool: str
+    queue: str
+    engine: str
+    slot: int
+    block_size: int
+    kv_blocks: int
+    kv_events: bool
+    lease_expires_at: float
+    load: WorkerLoadPublic
+    index_blocks: int
+
+
+class WorkerList(BaseModel):
+    object: str = "list"
+    data: list[WorkerPublic]
+
+
+@functools.lru_cache(maxsize=16)
+def _tokenizer(path: str):  # type: ignore[no-untyped-def]
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(path)
+
+
+def tokenize(model_path: str, text: str) -> list[int]:
+    """Token ids of ``text`` with the model's ``tokenizer.json``; InvalidRequest when there is none."""
+    path = Path(model_path) / "tokenizer.json"
+    if not path.is_file():
+        raise InvalidRequest(f"no tokenizer at {path}: send token_ids instead of text", param="text")
+    return list(_tokenizer(str(path)).encode(text).ids)
+
+
+class RouterService:
+    """What the endpoints use: the registry (cached for ``registry_refresh_s``) and the KV policy."""
+
+    def __init__(self, settings: Settings, client: aioredis.Redis) -> None:
+        keys = Keys(settings.redis.namespace)
+        self.settings = settings
+        self.registry = Registry(client, keys)
+        self.policy = KvPolicy(client, keys, settings.router)
+        self._cache: tuple[float, list[LiveWorker]] = (0.0, [])
+
+    async def workers(self, model: str | None = None) -> list[LiveWorker]:
+        stamp, cached = self._cache
+        if time.monotonic() - stamp > self.settings.router.registry_refresh_s:
+            cached = await self.registry.live_workers()
+            self._cache = (time.monotonic(), cached)
+        now = time.time()
+        return [w for w in cached if w.lease_expires_at >= now and (model is None or w.record.model == model)]
+
+    async def best_worker(self, body: BestWorkerRequest) -> BestWorkerResponse:
+        workers = await self.workers(body.model)
+        if not workers:
+            raise NoWorkerAvailable(f"no live worker serves model {body.model!r}", param="model")
+        token_ids = body.token_ids if body.token_ids is not None else tokenize(workers[0].record.model_path,
+                                                                               body.text or "")
+        request = RouteRequest(
+            request_id=f"best-{uuid.uuid4().hex}", model=body.model, token_ids=token_ids, lora=body.lora,
+            overrides=RouterOverrides(overlap_score_weight=body.overlap_score_weight, temperature=body.temperature))
+        decision = await self.policy.best(request, workers)
+        assert decision.worker_id is not None
+        return BestWorkerResponse(worker_id=decision.worker_id, queue=decision.queue,
+                                  overlap_blocks=decision.overlap_blocks, cost=decision.cost)
+
+    async def list_workers(self, model: str | None) -> WorkerList:
+        workers = await self.workers(model)
+        sizes = await self.policy.index.sizes([w.record.worker_id for w in workers])
+        return WorkerList(data=[
+            WorkerPublic(
+                worker_id=w.record.worker_id, model=w.record.model, pool=w.record.pool, queue=w.record.queue,
+                engine=w.record.engine, slot=w.record.slot, block_size=w.record.block_size,
+                kv_blocks=w.record.kv_blocks, kv_events=publishes_kv_events(w.record),
+                lease_expires_at=w.lease_expires_at, index_blocks=sizes[w.record.worker_id],
+                load=WorkerLoadPublic(running=w.load.running, waiting=w.load.waiting,
+                                      active_blocks=w.load.active_blocks, total_blocks=w.load.total_blocks,
+                                      kv_usage=w.load.kv_usage))
+            for w in sorted(workers, key=lambda w: w.record.worker_id)])
+
+
+def _error(status: int, message: str, type_: str, param: str | None, code: str | None) -> JSONResponse:
+    return JSONResponse(status_code=status,
+                        content={"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+def create_app(settings: Settings | None = None, *, reaper: bool = True) -> FastAPI:
+    settings = settings or get_settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = aioredis.from_url(settings.redis.url)
+        service = RouterService(settings, client)
+        app.state.service = service
+        task = (asyncio.get_running_loop().create_task(
+            run_reaper(service.registry, service.policy.index, settings.router.reaper_interval_s), name="reaper")
+            if reaper else None)
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await client.aclose()
+
+    app = FastAPI(title="Sluice router", lifespan=lifespan)
+
+    @app.exception_handler(SluiceError)
+    async def _sluice_error(request: Request, exc: SluiceError) -> JSONResponse:
+        return _error(exc.status_code, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = f"{'.'.join(loc) + ': ' if loc else ''}{first.get('msg', 'invalid request')}"
+        return _error(400, message, "invalid_request_error", loc[0] if loc else None, None)
+
+    @app.post("/best_worker", response_model=BestWorkerResponse)
+    async def best_worker(body: BestWorkerRequest, request: Request) -> BestWorkerResponse:
+        return await request.app.state.service.best_worker(body)
+
+    @app.get("/workers", response_model=WorkerList)
+    async def workers(request: Request, model: str | None = Query(None)) -> WorkerList:
+        return await request.app.state.service.list_workers(model)
+
+    return app
+
+
+def run(settings: Settings | None = None) -> None:
+    """Serve the router on ``settings.router.host:port`` until interrupted (``sluice router``)."""
+    import uvicorn
+
+    settings = settings or get_settings()
+    uvicorn.run(create_app(settings), host=settings.router.host, port=settings.router.port, log_level="info")

@@ -1,0 +1,139 @@
+"""The standalone router service's endpoints, through the ASGI app against a real Redis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+
+from core.keys import Keys
+from core.settings import RedisSettings, Settings
+from router.hashing import block_hashes, root_hash
+from router.prefix_index import PrefixIndex
+from router.registry import Registry, WorkerLoad
+from router.service import create_app
+from sluice.devstack import RedisServer
+from tests.router.factories import make_record
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "[UNK]"]
+TEXT = "the quick brown fox jumps over the lazy dog the quick brown fox jumps over the lazy dog"
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return tmp_path
+
+
+@pytest.fixture
+async def http(redis_server: RedisServer, redis_client, namespace: str) -> AsyncIterator[httpx.AsyncClient]:  # type: ignore[no-untyped-def]
+    settings = Settings(redis=RedisSettings(url=redis_server.url, namespace=namespace))
+    settings.router.registry_refresh_s = 0.001
+    app = create_app(settings, reaper=False)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            yield client
+
+
+async def _register(aredis: aioredis.Redis, keys: Keys, worker_id: str, model_dir: Path, active: int = 0) -> int:
+    record = await Registry(aredis, keys).register(
+        make_record(worker_id, -1, model_path=str(model_dir)),
+        WorkerLoad(active_blocks=active, total_blocks=1000, updated_at=time.time()), 60)
+    return record.slot
+
+
+async def test_best_worker_by_token_ids_and_by_text(http: httpx.AsyncClient, aredis: aioredis.Redis, keys: Keys,
+                                                    model_dir: Path) -> None:
+    s0 = await _register(aredis, keys, "w0", model_dir)
+    await _register(aredis, keys, "w1", model_dir, active=1)
+    tokens = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TEXT).ids
+    assert len(tokens) == 18  # 4 full blocks of 4 and a partial one
+    await PrefixIndex(aredis, keys).resync("w1", s0 + 1, "m", block_hashes(tokens, 4, root_hash("m")), 0)
+
+    r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens})
+    assert r.status_code == 200
+    assert r.json() == {"worker_id": "w1", "queue": "q.w1", "overlap_blocks": 4, "cost": 2.0}  # (5 − 4) + 1
+    r = await http.post("/best_worker", json={"model": "m", "text": TEXT})
+    assert r.json() == {"worker_id": "w1", "queue": "q.w1", "overlap_blocks": 4, "cost": 2.0}
+    r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens, "overlap_score_weight": 0})
+    assert r.json()["worker_id"] == "w0"
+    assert await aredis.exists(keys.router_inflight("m"), keys.router_inflight_requests("m")) == 0  # nothing routed
+
+
+async def test_workers_lists_load_and_index_size(http: httpx.AsyncClient, aredis: aioredis.Redis, keys: Keys,
+                                                 model_dir: Path) -> None:
+    slot = await _register(aredis, keys, "w0", model_dir, active=7)
+    await PrefixIndex(aredis, keys).resync("w0", slot, "m", [1, 2, 3], 0)
+    body = (await http.get("/workers")).json()
+    assert body["object"] == "list"
+    (w,) = body["data"]
+    assert (w["worker_id"], w["slot"], w["index_blocks"], w["kv_events"]) == ("w0", slot, 3, True)
+    assert w["load"] == {"running": 0, "waiting": 0, "active_blocks": 7, "total_blocks": 1000, "kv_usage": 0.007}
+    assert (await http.get("/workers", params={"model": "other"})).json()["data"] == []
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"model": "m"}, None),
+    ({"model": "m", "token_ids": [1], "text": "x"}, None),
+    ({"model": "m", "token_ids": [-1]}, "token_ids"),
+    ({"model": "m", "token_ids": "nope"}, "token_ids"),
+    ({"token_ids": [1]}, "model"),
+    ({"model": "m", "token_ids": [1], "temperature": -1}, "temperature"),
+])
+async def test_bad_input_gets_an_openai_error(http: httpx.AsyncClient, body: dict, param: str | None) -> None:
+    r = await http.post("/best_worker", json=body)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["param"] == param
+
+
+async def test_no_worker_and_no_tokenizer(http: httpx.AsyncClient, aredis: aioredis.Redis, keys: Keys,
+                                          tmp_path: Path) -> None:
+    r = await http.post("/best_worker", json={"model": "m", "token_ids": [1, 2]})
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "no_worker_available"
+    await _register(aredis, keys, "w0", tmp_path / "empty")
+    r = await http.post("/best_worker", json={"model": "m", "text": "hello"})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "text" and "tokenizer" in r.json()["error"]["message"]
+    r = await http.post("/best_worker", json={"model": "m", "token_ids": [1, 2]})
+    assert r.json()["worker_id"] == "w0"
+
+
+def test_run_serves_on_the_configured_port(redis_server: RedisServer, redis_client, namespace: str) -> None:  # type: ignore[no-untyped-def]
+    """``run()`` (what ``sluice router`` calls) reads the settings from the environment and serves HTTP."""
+    import os
+    import subprocess
+    import sys
+
+    from sluice.devstack import free_port, wait_until
+
+    port = free_port()
+    env = {**os.environ, "SLUICE_REDIS__URL": redis_server.url, "SLUICE_NAMESPACE": namespace,
+           "SLUICE_ROUTER__PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, "-c", "from router.service import run; run()"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/workers", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, 30, "the router service")
+        r = httpx.post(f"http://127.0.0.1:{port}/best_worker", json={"model": "m", "token_ids": [1]}, timeout=5)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker_available"
+    finally:
+        proc.terminate()
+        proc.wait(10)

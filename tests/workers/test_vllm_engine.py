@@ -1,0 +1,155 @@
+"""The vLLM engine against the real default model (SmolLM2-135M-Instruct, float32 on CPU).
+
+One engine serves the whole module (start-up takes about a minute). Besides the checks below,
+this module runs the engine conformance suite (tests/engines/test_conformance.py) on it, until
+tests/engines/conftest.py lists "vllm" among its engines (then the suite runs it there, once).
+
+Run in the vLLM environment: ``.venv-vllm/bin/python -m pytest -m vllm tests/workers``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (it lives in .venv-vllm)")
+
+from tokenizers import Tokenizer  # noqa: E402
+
+from core.messages import BlockStored, SamplingParams  # noqa: E402
+from core.settings import VllmSettings  # noqa: E402
+from router.hashing import block_hashes, root_hash  # noqa: E402
+from tests.engines.conftest import ENGINES, EngineCase, KvEventLog  # noqa: E402
+from tests.workers.vllm_support import MODEL, smollm2_weights_dir, start_vllm_engine  # noqa: E402
+from workers.engines.base import EngineOutput, EngineRequest, EngineStartError  # noqa: E402
+from workers.engines.vllm_engine import VllmEngine, to_vllm_sampling  # noqa: E402
+
+if "vllm" not in ENGINES:
+    from tests.engines.test_conformance import *  # noqa: E402,F403 - the suite, on this module's engine
+
+pytestmark = pytest.mark.vllm
+
+FRANCE = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+)
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+async def engine() -> AsyncIterator[EngineCase]:
+    log = KvEventLog()
+    started, expected = await start_vllm_engine(log)
+    yield EngineCase("vllm", started, log, expected)
+    await started.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer.from_file(str(smollm2_weights_dir() / "tokenizer.json"))
+
+
+async def run(case: EngineCase, prompt: list[int], sampling: SamplingParams) -> list[EngineOutput]:
+    request = EngineRequest(f"vllm-{uuid.uuid4().hex[:12]}", prompt, sampling)
+
+    async def collect() -> list[EngineOutput]:
+        return [out async for out in case.engine.generate(request)]
+
+    return await asyncio.wait_for(collect(), 60)
+
+
+async def test_answers_the_france_question(engine: EngineCase, tokenizer: Tokenizer) -> None:
+    prompt = tokenizer.encode(FRANCE).ids
+    outputs = await run(engine, prompt, SamplingParams(max_tokens=32, temperature=0.0))
+    tokens = [t for out in outputs for t in out.token_ids]
+    assert tokenizer.decode(tokens, skip_special_tokens=True) == "The capital of France is Paris."
+    assert tokens[-1] == EOS and outputs[-1].finish_reason == "stop"
+    usage = outputs[-1].usage
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), len(tokens))
+
+
+async def test_info_comes_from_the_engine(engine: EngineCase) -> None:
+    info = engine.engine.info
+    assert (info.model, info.engine) == (MODEL, "vllm")
+    assert info.block_size % 32 == 0  # vLLM on CPU
+    assert info.kv_blocks > 0 and info.max_num_seqs == 16
+    assert (info.context_length, info.vocab_size) == (8192, 49152)
+    assert engine.engine.load().total_blocks == info.kv_blocks
+
+
+async def test_stored_events_name_the_prompt_blocks_in_sluice_hashes(engine: EngineCase) -> None:
+    block = engine.engine.info.block_size
+    prompt = engine.prompt(3 * block + 7)
+    before = len(engine.kv_events.events)
+    await run(engine, prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    expected = block_hashes(prompt, block, root_hash(MODEL))
+
+    def announced() -> set[int]:
+        new = engine.kv_events.events[before:]
+        return {h for ev in new if isinstance(ev, BlockStored) for h in ev.block_hashes}
+
+    for _ in range(100):
+        if set(expected) <= announced():
+            break
+        await asyncio.sleep(0.05)
+    assert set(expected) <= announced()
+    assert set(expected) <= set(engine.engine.cached_block_hashes())
+
+
+def test_sampling_maps_to_vllm() -> None:
+    from vllm.sampling_params import RequestOutputKind
+
+    params = to_vllm_sampling(
+        SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop_token_ids=(5, 6), min_tokens=2)
+    )
+    assert (params.max_tokens, params.temperature, params.top_p, params.seed) == (7, 0.5, 0.9, 3)
+    assert (params.stop_token_ids, params.min_tokens, params.ignore_eos) == ([5, 6], 2, False)
+    assert params.output_kind == RequestOutputKind.DELTA and params.detokenize is False
+
+
+async def test_a_tokenizer_only_directory_does_not_start(tmp_path: Path) -> None:
+    source = smollm2_weights_dir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, tmp_path / name)
+    with pytest.raises(EngineStartError, match="no weights"):
+        await VllmEngine(MODEL, tmp_path, VllmSettings()).start()
+
+
+async def test_a_broken_model_raises_engine_start_error(tmp_path: Path) -> None:
+    source = smollm2_weights_dir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(source / name, tmp_path / name)
+    config = json.loads((source / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(EngineStartError, match="vLLM could not load"):
+        await VllmEngine(MODEL, tmp_path, VllmSettings()).start()
+
+
+async def test_abort_right_after_submission_ends_with_abort(engine: EngineCase) -> None:
+    request = EngineRequest(f"vllm-early-{uuid.uuid4().hex[:8]}", engine.prompt(50), SamplingParams(max_tokens=1000))
+
+    async def collect() -> list[EngineOutput]:
+        return [out async for out in engine.engine.generate(request)]
+
+    task = asyncio.create_task(collect())
+    await asyncio.sleep(0)  # the request is registered, vLLM may not have it yet
+    await engine.engine.abort(request.request_id)
+    outputs = await asyncio.wait_for(task, 30)
+    assert outputs[-1].finish_reason == "abort"
+    assert engine.engine.load().running == engine.engine.load().waiting == 0
+
+
+async def test_a_prompt_longer_than_the_context_is_refused(engine: EngineCase) -> None:
+    too_long = engine.prompt(engine.engine.info.context_length + 1)
+    with pytest.raises(Exception, match="(?i)longer than|maximum|max_model_len|context"):
+        await run(engine, too_long, SamplingParams(max_tokens=1))
+    assert engine.engine.load().waiting == 0
+    outputs = await run(engine, engine.prompt(8), SamplingParams(max_tokens=2, temperature=0.0))
+    assert outputs[-1].finish_reason == "length"

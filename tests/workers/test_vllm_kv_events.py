@@ -1,0 +1,154 @@
+"""workers.engines.vllm_kv_events: vLLM KV events -> Sluice block hashes (no vLLM needed).
+
+Where vLLM is installed, its own event classes encode a batch that the wire structs decode.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import msgspec
+import pytest
+
+from core.messages import AllBlocksCleared, BlockRemoved, BlockStored
+from router.hashing import block_hashes, root_hash
+from workers.engines.vllm_kv_events import (
+    KvEventTranslator,
+    WireAllBlocksCleared,
+    WireBlockRemoved,
+    WireBlockStored,
+    decode_batch,
+)
+
+B = 4
+MODEL = "m"
+PROMPT = list(range(100, 100 + 4 * B + 2))  # four full blocks and a partial one
+SLUICE = block_hashes(PROMPT, B, root_hash(MODEL))
+
+
+def stored(vllm_hashes: list[int], tokens: list[int], parent: int | None = None, **kw: object) -> WireBlockStored:
+    return WireBlockStored(block_hashes=vllm_hashes, parent_block_hash=parent, token_ids=tokens, block_size=B, **kw)  # type: ignore[arg-type]
+
+
+def test_root_chain_is_hashed_like_the_router_does() -> None:
+    tr = KvEventTranslator(MODEL, B)
+    out = tr.apply([stored([11, 12], PROMPT[: 2 * B])])
+    assert out == [BlockStored(block_hashes=SLUICE[:2], parent_hash=None)]
+    assert set(tr.cached_hashes()) == set(SLUICE[:2])
+
+
+def test_continued_chain_uses_the_parents_sluice_hash() -> None:
+    tr = KvEventTranslator(MODEL, B)
+    tr.apply([stored([11, 12], PROMPT[: 2 * B])])
+    out = tr.apply([stored([13, 14], PROMPT[2 * B : 4 * B], parent=12)])
+    assert out == [BlockStored(block_hashes=SLUICE[2:4], parent_hash=SLUICE[1])]
+    assert set(tr.cached_hashes()) == set(SLUICE)
+
+
+def test_lora_changes_the_root() -> None:
+    tr = KvEventTranslator(MODEL, B)
+    (event,) = tr.apply([stored([11], PROMPT[:B], lora_name="adapter")])
+    assert isinstance(event, BlockStored)
+    assert event.block_hashes == block_hashes(PROMPT[:B], B, root_hash(MODEL, "adapter"))
+
+
+def test_removed_blocks_are_translated_through_the_map() -> None:
+    tr = KvEventTranslator(MODEL, B)
+    tr.apply([stored([11, 12, 13], PROMPT[: 3 * B])])
+    out = tr.apply([WireBlockRemoved(block_hashes=[13, 99]), WireBlockRemoved(block_hashes=[12])])
+    assert out == [BlockRemoved(block_hashes=[SLUICE[2]]), BlockRemoved(block_hashes=[SLUICE[1]])]
+    assert tr.cached_hashes() == [SLUICE[0]]
+    assert tr.apply([WireBlockRemoved(block_hashes=[13])]) == []  # already gone
+
+
+def test_a_block_cached_twice_is_removed_with_its_last_copy() -> None:
+    tr = KvEventTranslator(MODEL, B)
+    tr.apply([stored([11], PROMPT[:B]), stored([11], PROMPT[:B])])
+    assert tr.apply([WireBlockRemoved(block_hashes=[11])]) == []
+    assert tr.cached_hashes() == [SLUICE[0]]
+    assert tr.apply([WireBlockRemoved(block_hashes=[11])]) == [BlockRemoved(block_hashes=[SLUICE[0]])]
+    assert tr.cached_hashes() == []
+
+
+def test_cleared_forgets_everything() -> None:
+    tr = KvEventTranslator(MODEL, B)
+    tr.apply([stored([11, 12], PROMPT[: 2 * B])])
+    assert tr.apply([WireAllBlocksCleared()]) == [AllBlocksCleared()]
+    assert tr.cached_hashes() == []
+    # The map is gone too: a later child of a forgotten parent cannot be placed.
+    assert tr.apply([stored([13], PROMPT[2 * B : 3 * B], parent=12)]) == []
+
+
+def test_events_that_cannot_be_translated_are_skipped() -> None:
+    tr = KvEventTranslator(MODEL, B)
+    assert tr.apply([stored([11], PROMPT[:B], parent=7)]) == []  # unknown parent
+    assert tr.apply([stored([11], PROMPT[:B], medium="CPU")]) == []  # an offload tier
+    odd = WireBlockStored(block_hashes=[11], token_ids=PROMPT[:B], block_size=2 * B)
+    assert tr.apply([odd]) == []  # another block size
+    assert tr.cached_hashes() == []
+
+
+def test_bytes_hashes_work_like_ints() -> None:
+    tr = KvEventTranslator(MODEL, B)
+    tr.apply([stored([b"\x01" * 32], PROMPT[:B])])  # type: ignore[list-item]
+    out = tr.apply([stored([b"\x02" * 32], PROMPT[B : 2 * B], parent=b"\x01" * 32)])  # type: ignore[list-item,arg-type]
+    assert out == [BlockStored(block_hashes=[SLUICE[1]], parent_hash=SLUICE[0])]
+
+
+def test_decode_batch_reads_the_published_wire_format() -> None:
+    # vLLM's EventBatch is array-like (ts, events, dp rank); events are maps tagged by "type".
+    payload = msgspec.msgpack.encode(
+        [
+            1.5,
+            [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [11],
+                    "parent_block_hash": None,
+                    "token_ids": PROMPT[:B],
+                    "block_size": B,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "lora_name": None,
+                    "group_idx": 0,
+                    "some_future_field": [1, 2],
+                },
+                {"type": "SomethingNew", "x": 1},
+                {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"},
+                {"type": "AllBlocksCleared"},
+            ],
+            0,
+        ]
+    )
+    events = decode_batch(payload)
+    assert [type(e) for e in events] == [WireBlockStored, WireBlockRemoved, WireAllBlocksCleared]
+    assert events[0] == WireBlockStored(block_hashes=[11], token_ids=PROMPT[:B], block_size=B, medium="GPU")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_decode_batch_reads_vllms_own_encoding() -> None:
+    from vllm.distributed import kv_events as v
+
+    batch = v.KVEventBatch(
+        ts=1.0,
+        events=[
+            v.BlockStored(
+                block_hashes=[11, 12],
+                parent_block_hash=None,
+                token_ids=PROMPT[: 2 * B],
+                block_size=B,
+                lora_id=None,
+                medium=v.MEDIUM_GPU,
+                lora_name=None,
+            ),
+            v.BlockRemoved(block_hashes=[12], medium=v.MEDIUM_GPU),
+            v.AllBlocksCleared(),
+        ],
+    )
+    tr = KvEventTranslator(MODEL, B)
+    out = tr.apply(decode_batch(msgspec.msgpack.Encoder().encode(batch)))
+    assert out == [
+        BlockStored(block_hashes=SLUICE[:2]),
+        BlockRemoved(block_hashes=[SLUICE[1]]),
+        AllBlocksCleared(),
+    ]

@@ -1,0 +1,43 @@
+"""Starting a vLLM engine on the default model for tests (needs the vLLM environment).
+
+Used by tests/workers/test_vllm_engine.py and, as one entry, by the engine conformance suite
+(tests/engines/conftest.py)::
+
+    ENGINES["vllm"] = EngineSpec(start_vllm_engine, marks=(pytest.mark.vllm, VLLM_SKIP))
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from core.settings import VllmSettings, get_settings
+from workers.engines.base import Engine, KvEventSink
+
+MODEL = "smollm2"
+
+#: Small enough for a shared 2-core test machine; big enough for the conformance tests.
+TEST_SETTINGS = VllmSettings(max_num_seqs=16, kv_cache_gib=1.0)
+
+VLLM_SKIP = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (it lives in .venv-vllm: .venv-vllm/bin/python -m pytest -m vllm)",
+)
+
+
+def smollm2_weights_dir() -> Path:
+    """The default model with weights, prepared once into the user's Sluice cache."""
+    from workers.models import prepare_model
+
+    return prepare_model(MODEL, get_settings().models_dir, weights=True, progress=False)
+
+
+async def start_vllm_engine(sink: KvEventSink) -> tuple[Engine, None]:
+    """Start vLLM on SmolLM2 (about a minute on CPU). Its output is not known in advance: None."""
+    from workers.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine(MODEL, smollm2_weights_dir(), TEST_SETTINGS)
+    await engine.start(sink)
+    return engine, None

@@ -1,0 +1,294 @@
+"""The vLLM engine: vLLM's ``AsyncLLM`` behind Sluice's engine interface (workers/engines/base.py).
+
+Usage (what ``workers.engines.factory`` does for ``SLUICE_ENGINE=vllm``)::
+
+    engine = VllmEngine("smollm2", settings.resolved_model_path(), settings.worker.vllm)
+    await engine.start(kv_sink)            # on the worker's engine loop; loads the model
+
+One engine per worker process. vLLM runs its engine core in a child process (spawned: entry
+points need a ``__main__`` guard) and talks to it over ZMQ; this adapter lives on the worker's
+engine loop. Prefix caching is always on and the block size is the engine's own (on CPU a
+multiple of 32, 32 unless configured), registered with the router through ``info``.
+
+How the contract is met:
+
+* Prompts go in as token ids, outputs come back as deltas (``RequestOutputKind.DELTA``) without
+  detokenization: the frontend owns the tokenizer.
+* ``abort`` returns after vLLM's engine core has processed the abort: it is followed by a utility
+  call, which the core handles in order after the abort, so the request's blocks are free.
+* KV events: vLLM publishes them over ZMQ to a loopback socket bound here
+  (:mod:`workers.engines.vllm_kv_subscriber`); :mod:`workers.engines.vllm_kv_events` turns them
+  into Sluice block hashes, handed to the sink from the engine loop.
+* ``load()`` is counted here, synchronously: requests without output yet are waiting, the
+  others running; active blocks are each live request's ``ceil(tokens / block_size)`` (shared
+  prefix blocks counted once per request: an upper bound).
+* ``start`` blocks the engine loop while vLLM loads (about a minute on CPU): vLLM's async client
+  must be created on the loop that will drive it, and nothing else runs there before start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm import SamplingParams as VllmSamplingParams
+from vllm.config import KVEventsConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import tokens_input
+from vllm.platforms import current_platform
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from core.messages import FinishReason, SamplingParams, Usage
+from core.settings import VllmSettings
+from workers.engines.base import (
+    Engine,
+    EngineInfo,
+    EngineLoad,
+    EngineOutput,
+    EngineRequest,
+    EngineStartError,
+    KvEventSink,
+    discard_kv_events,
+)
+from workers.engines.vllm_kv_events import KvEventTranslator, decode_batch
+from workers.engines.vllm_kv_subscriber import KvEventSubscriber
+
+log = logging.getLogger(__name__)
+
+ENGINE_NAME = "vllm"
+CPU_DEFAULT_BLOCK_SIZE = 32
+_GIB = 1 << 30
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
+
+_FINISH_REASONS: dict[str | None, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "repetition": "stop",
+    "error": "error",
+}
+
+
+def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
+    """Sluice sampling -> vLLM sampling: one sequence, token deltas, no detokenization."""
+    return VllmSamplingParams(
+        n=1,
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        seed=params.seed,
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+        min_tokens=params.min_tokens,
+        output_kind=RequestOutputKind.DELTA,
+        detokenize=False,
+        skip_special_tokens=False,
+    )
+
+
+def _check_model_dir(model_path: Path) -> None:
+    if not (model_path / "config.json").is_file():
+        raise EngineStartError(f"no model at {model_path} (no config.json); prepare it first")
+    if not any(any(model_path.glob(pattern)) for pattern in _WEIGHT_PATTERNS):
+        raise EngineStartError(
+            f"{model_path} holds no weights (a tokenizer-only directory?); prepare the model with weights, "
+            "e.g. workers.models.prepare_model(name, models_dir, weights=True)"
+        )
+
+
+def _configure_cpu_threads(settings: VllmSettings) -> None:
+    """vLLM's CPU worker takes its OpenMP setup from the environment of the process it spawns.
+
+    With ``omp_threads`` unset, vLLM binds one thread per physical core and keeps one core for
+    its scheduler; with it set, threads are not pinned and ``OMP_NUM_THREADS`` decides.
+    """
+    if settings.omp_threads:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        os.environ["OMP_NUM_THREADS"] = str(settings.omp_threads)
+
+
+def engine_args(model_path: Path, settings: VllmSettings, kv_endpoint: str) -> AsyncEngineArgs:
+    on_cpu = current_platform.is_cpu()
+    dtype = settings.dtype
+    if dtype == "auto" and on_cpu:
+        dtype = "float32"  # no native bf16 on most CPUs: float32 is the fast path
+    return AsyncEngineArgs(
+        model=str(model_path),
+        dtype=dtype,
+        block_size=settings.block_size or (CPU_DEFAULT_BLOCK_SIZE if on_cpu else None),
+        enable_prefix_caching=True,
+        max_model_len=settings.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        enforce_eager=settings.enforce_eager,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        kv_cache_memory_bytes=int(settings.kv_cache_gib * _GIB) if on_cpu else None,
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic="kv"),
+        disable_log_stats=True,
+        enable_log_requests=False,
+    )
+
+
+@dataclass(slots=True)
+class _Live:
+    """A request between its first ``generate`` step and its last output."""
+
+    prompt_tokens: int
+    generated: int = 0
+    started: bool = False
+    aborted: bool = False
+
+
+class VllmEngine(Engine):
+    def __init__(self, model: str, model_path: Path, settings: VllmSettings) -> None:
+        self.model = model
+        self.model_path = Path(model_path)
+        self.settings = settings
+        self._llm: AsyncLLM | None = None
+        self._live: dict[str, _Live] = {}
+        self._sink: KvEventSink = discard_kv_events
+        self._subscriber: KvEventSubscriber | None = None
+        self._translator: KvEventTranslator | None = None
+        self._kv_task: asyncio.Task[None] | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    async def start(self, kv_sink: KvEventSink = discard_kv_events) -> None:
+        _check_model_dir(self.model_path)
+        _configure_cpu_threads(self.settings)
+        self._sink = kv_sink
+        self._subscriber = KvEventSubscriber()
+        try:
+            self._llm = AsyncLLM.from_engine_args(
+                engine_args(self.model_path, self.settings, self._subscriber.endpoint)
+            )
+        except Exception as exc:
+            self._subscriber.close()
+            raise EngineStartError(f"vLLM could not load {self.model_path}: {type(exc).__name__}: {exc}") from exc
+        config = self._llm.vllm_config
+        self.info = EngineInfo(
+            model=self.model,
+            engine=ENGINE_NAME,
+            block_size=config.cache_config.block_size,
+            kv_blocks=config.cache_config.num_gpu_blocks or 0,
+            max_num_seqs=config.scheduler_config.max_num_seqs,
+            context_length=config.model_config.max_model_len,
+            vocab_size=config.model_config.get_vocab_size(),
+        )
+        self._translator = KvEventTranslator(self.model, self.info.block_size)
+        self._kv_task = asyncio.get_running_loop().create_task(self._pump_kv_events(), name="vllm-kv-events")
+        log.info("vLLM engine ready: %s", self.info)
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            for request_id in list(self._live):
+                await self.abort(request_id)
+            self._llm.shutdown()
+            self._llm = None
+        if self._kv_task is not None:
+            self._kv_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._kv_task
+        if self._subscriber is not None:
+            self._subscriber.close()
+            self._subscriber = None
+
+    # ---- requests -------------------------------------------------------------------------------
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        if request.lora is not None:
+            raise ValueError(f"LoRA adapter {request.lora!r} requested, but the vLLM engine serves none")
+        llm = self._require_llm()
+        live = _Live(prompt_tokens=len(request.token_ids))
+        self._live[request.request_id] = live
+        cached = 0
+        prompt = tokens_input(list(request.token_ids))
+        stream = llm.generate(prompt, to_vllm_sampling(request.sampling), request.request_id)
+        try:
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    completion = out.outputs[0]
+                    tokens = list(completion.token_ids)
+                    live.started = True
+                    live.generated += len(tokens)
+                    if out.num_cached_tokens:
+                        cached = out.num_cached_tokens
+                    if not out.finished:
+                        if live.aborted:  # aborted before vLLM knew the request: abort again
+                            await llm.abort(request.request_id)
+                        if tokens:
+                            yield EngineOutput(tokens)
+                        continue
+                    finish = _FINISH_REASONS.get(completion.finish_reason, "error")
+                    usage = Usage(
+                        prompt_tokens=live.prompt_tokens, completion_tokens=live.generated, cached_tokens=cached
+                    )
+                    yield EngineOutput(tokens, finish_reason=finish, usage=usage)
+                    return
+        finally:
+            self._live.pop(request.request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        live = self._live.get(request_id)
+        if live is None or self._llm is None:
+            return
+        live.aborted = True
+        await self._llm.abort(request_id)
+        # The engine core handles client messages in order: once this utility call answers,
+        # the abort has been applied and the request's blocks are free.
+        await self._llm.is_sleeping()
+        self._live.pop(request_id, None)
+
+    # ---- state ----------------------------------------------------------------------------------
+    def load(self) -> EngineLoad:
+        block = self.info.block_size
+        running = waiting = active = 0
+        for live in self._live.values():
+            if live.started:
+                running += 1
+            else:
+                waiting += 1
+            active += math.ceil((live.prompt_tokens + live.generated) / block)
+        return EngineLoad(running=running, waiting=waiting, active_blocks=active, total_blocks=self.info.kv_blocks)
+
+    async def clear_kv_cache(self) -> None:
+        """Reset vLLM's prefix cache; vLLM refuses while requests hold blocks (then nothing changes)."""
+        llm = self._require_llm()
+        if not await llm.reset_prefix_cache():
+            log.warning("prefix cache not cleared: requests are running")
+            return
+        # vLLM announces the reset only with its next engine step, which may be far off when idle:
+        # report it now. Its own AllBlocksCleared, when it comes, clears again (a no-op).
+        assert self._translator is not None
+        self._emit(self._translator.clear())
+
+    def cached_block_hashes(self) -> list[int]:
+        return self._translator.cached_hashes() if self._translator is not None else []
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _require_llm(self) -> AsyncLLM:
+        if self._llm is None:
+            raise RuntimeError("the vLLM engine is not started")
+        return self._llm
+
+    async def _pump_kv_events(self) -> None:
+        assert self._subscriber is not None and self._translator is not None
+        async for payload in self._subscriber.payloads():
+            try:
+                events = self._translator.apply(decode_batch(payload))
+            except Exception:  # noqa: BLE001 - one bad batch must not stop the event stream
+                log.exception("could not translate a vLLM KV event batch")
+                continue
+            self._emit(events)
+
+    def _emit(self, events: list) -> None:  # type: ignore[type-arg]
+        if not events:
+            return
+        try:
+            self._sink(events)
+        except Exception:  # noqa: BLE001 - the sink belongs to the host; keep serving
+            log.exception("KV event sink failed")
