@@ -56,6 +56,13 @@ def _router(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bookkeeper(args: argparse.Namespace) -> int:
+    from workers.bookkeeping import main as run_bookkeeper
+
+    run_bookkeeper(["--loglevel", args.log_level])
+    return 0
+
+
 def _flower(args: argparse.Namespace) -> int:
     from workers.celery_app import app
 
@@ -93,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("router", help="run the standalone routing service")
     p.set_defaults(func=_router)
 
+    p = sub.add_parser("bookkeeper", help="run the bookkeeper (writes usage records to the database)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_bookkeeper)
     p = sub.add_parser("flower", help="run Flower, Celery's dashboard")
     p.add_argument("--port", type=int, default=5555)
     p.add_argument("--address", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
@@ -105,12 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also convert the weights (default: only for real engines)")
     p.set_defaults(func=_models_prepare)
 
-    try:
-        from sluice.accounts_cli import add_accounts_commands
-    except ImportError:
-        pass
-    else:
-        add_accounts_commands(sub)
+    from sluice.accounts_cli import add_accounts_commands
+
+    add_accounts_commands(sub)
     return parser
 
 

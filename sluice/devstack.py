@@ -51,6 +51,7 @@ class RedisServer:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (make test installs it)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(self.workdir), "--maxclients", "10000"],
@@ -80,7 +81,6 @@ class RedisServer:
             self.proc.wait(10)
             self.proc = None
         shutil.rmtree(self.workdir, ignore_errors=True)
-        self.workdir.mkdir(parents=True, exist_ok=True)
 
 
 @dataclass
@@ -168,3 +168,18 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.popen.pid, signal.SIGKILL)
                 proc.popen.wait(5)
+
+
+def final_delta(watcher: redis.client.PubSub, request_id: str, timeout: float = 10):  # noqa: ANN201
+    """The last token delta a worker published for ``request_id``, read from ``watcher`` (a pub/sub
+    client psubscribed to the namespace's token channels); None if none came within ``timeout``."""
+    from core.messages import decode_delta
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = watcher.get_message(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+        if msg and msg["type"] == "pmessage":
+            delta = decode_delta(msg["data"])
+            if delta.request_id == request_id and delta.is_last:
+                return delta
+    return None

@@ -23,7 +23,7 @@ RECORD_USAGE_TASK = "sluice.record_usage"
 def create_celery_app() -> Celery:
     settings = get_settings()
     keys = Keys(settings.redis.namespace)
-    app = Celery("sluice", broker=settings.redis.url, include=["workers.tasks", "workers.signals"])
+    app = Celery("sluice", broker=settings.redis.url, include=["workers.tasks", "workers.signals", "workers.bookkeeping"])
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],

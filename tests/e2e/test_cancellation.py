@@ -8,8 +8,7 @@ import httpx
 import orjson
 import redis
 
-from core.messages import decode_delta
-from sluice.devstack import Stack, wait_until
+from sluice.devstack import Stack, final_delta, wait_until
 from tests.e2e.conftest import MODEL
 
 
@@ -30,14 +29,7 @@ def test_disconnect_aborts_generation_on_the_worker(stack: Stack, redis_server) 
                 if seen == 4:
                     break
     closed_at = time.monotonic()
-    final = None
-    deadline = closed_at + 10
-    while final is None and time.monotonic() < deadline:
-        msg = watcher.get_message(timeout=1)
-        if msg and msg["type"] == "pmessage":
-            delta = decode_delta(msg["data"])
-            if delta.request_id == request_id and delta.is_last:
-                final = delta
+    final = final_delta(watcher, request_id)
     abort_latency = time.monotonic() - closed_at
     assert final is not None, "the worker never ended the request"
     assert final.finish_reason == "abort"
@@ -50,3 +42,33 @@ def test_disconnect_aborts_generation_on_the_worker(stack: Stack, redis_server) 
     wait_until(load_is_zero, 10, "w2 to report no running requests and no active KV blocks")
     watcher.close()
     r.close()
+
+
+def test_a_request_past_its_deadline_is_aborted_on_the_worker(stack: Stack, redis_server) -> None:  # noqa: ANN001
+    """A second frontend on the same workers whose requests may run one second: the stream ends with
+    an error event and [DONE], and the worker aborts the request (its own deadline timer)."""
+    short = Stack(redis_url=stack.redis_url, namespace=stack.namespace, model_path=stack.model_path,
+                  env_extra={**stack.env_extra, "SLUICE_FRONTEND__REQUEST_TIMEOUT_S": "1"})
+    r = redis.Redis.from_url(redis_server.url)
+    watcher = r.pubsub()
+    watcher.psubscribe(f"sluice:{stack.namespace}:tok:*")
+    try:
+        short.start_frontend()
+        short.wait_ready(MODEL, workers=2)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "A story that never ends."}],
+                "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        events: list[str] = []
+        with httpx.stream("POST", f"{short.base_url}/v1/chat/completions", json=body, timeout=30) as resp:
+            assert resp.status_code == 200
+            events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+        request_id = orjson.loads(events[0][6:])["id"].removeprefix("chatcmpl-")
+        assert events[-1] == "data: [DONE]"
+        error = orjson.loads(events[-2][6:])["error"]
+        assert error["code"] == "timeout" and "deadline" in error["message"]
+        final = final_delta(watcher, request_id)
+        assert final is not None and final.finish_reason == "abort"
+        assert final.usage is not None and final.usage.completion_tokens < 4000
+    finally:
+        short.stop()
+        watcher.close()
+        r.close()
