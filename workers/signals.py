@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 def _start_engine(sender: str, instance, **_: object) -> None:  # type: ignore[no-untyped-def]
     settings = get_settings()
     keys = Keys(settings.redis.namespace)
+    if keys.bookkeeping_queue in instance.app.amqp.queues.consume_from:
+        return  # the bookkeeper (workers/bookkeeping.py) hosts no engine
     worker_id = settings.worker.worker_id or sender
     model_path = settings.resolved_model_path()
     identity = WorkerIdentity(
