@@ -2,7 +2,9 @@
 
 Loaded from the model directory the workers register (``tokenizer.json``,
 ``tokenizer_config.json``, ``config.json``, ``generation_config.json``), so prompt token ids are
-exactly the engine's. Rendering the chat template and tokenizing are pure and cheap for normal
+exactly the engine's; never from the frontend's own ``SLUICE_MODEL_PATH``. The context length is
+the one the worker registers when given (an engine may serve less than the model's
+``max_position_embeddings``, e.g. vLLM with ``max_model_len``), else the model config's. Rendering the chat template and tokenizing are pure and cheap for normal
 prompts; callers move very long inputs off the event loop.
 """
 
@@ -45,7 +47,7 @@ class ModelCard:
     special_ids: frozenset[int] = field(default_factory=frozenset)
 
     @classmethod
-    def load(cls, name: str, path: Path, created: int = 0) -> ModelCard:
+    def load(cls, name: str, path: Path, created: int = 0, context_length: int | None = None) -> ModelCard:
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         tok_cfg = _read_json(path / "tokenizer_config.json")
         cfg = _read_json(path / "config.json")
@@ -60,7 +62,7 @@ class ModelCard:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
             template = env.from_string(template_src)
-        context = int(cfg.get("max_position_embeddings") or tok_cfg.get("model_max_length") or 8192)
+        context = context_length or int(cfg.get("max_position_embeddings") or tok_cfg.get("model_max_length") or 8192)
         special = frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
         return cls(name=name, path=path, tokenizer=tokenizer, context_length=context, eos_token_ids=eos_ids,
                    bos_token=_token_text(tok_cfg.get("bos_token")), eos_token=_token_text(tok_cfg.get("eos_token")),

@@ -4,10 +4,16 @@ Adding an engine is one entry in :data:`ENGINES`: a name, an async factory that 
 the given KV event sink, and the pytest marks that gate it (e.g. ``pytest.mark.vllm``). The
 ``engine`` fixture starts each engine once per session (a real engine loads a model) and every
 conformance test shares it, so tests must leave it idle: every request they start ends.
+
+Engine-specific test modules share the same running engine through :func:`shared_engine`
+(tests/workers/test_vllm_engine.py does): vLLM starts in about a minute on CPU, so a session
+starts it once, whichever fixture asks first, and stops it when the last user lets go.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +23,7 @@ import pytest
 from core.messages import FinishReason, SamplingParams
 from core.settings import MockerSettings
 from tests.support.kv_events import KvEventLog
+from tests.workers.vllm_support import VLLM_SKIP, start_vllm_engine
 from workers.engines.base import Engine, KvEventSink
 from workers.engines.mocker import MockerEngine
 from workers.engines.mocker_tokens import FIRST_TOKEN_ID, expected_output
@@ -58,12 +65,44 @@ async def _start_mocker(sink: KvEventSink) -> tuple[Engine, ExpectedOutput | Non
 
 ENGINES: dict[str, EngineSpec] = {
     "mocker": EngineSpec(_start_mocker),
+    "vllm": EngineSpec(start_vllm_engine, marks=(pytest.mark.vllm, VLLM_SKIP)),
 }
+
+
+@dataclass
+class _Shared:
+    case: EngineCase
+    users: int = 0
+
+
+_SHARED: dict[str, _Shared] = {}
+_SHARED_LOCK = asyncio.Lock()
+
+
+@contextlib.asynccontextmanager
+async def shared_engine(name: str) -> AsyncIterator[EngineCase]:
+    """The session's running engine ``name`` (started on first use, shut down after the last).
+
+    Callers must hold it from session-scoped fixtures on the session's event loop.
+    """
+    async with _SHARED_LOCK:
+        shared = _SHARED.get(name)
+        if shared is None:
+            log = KvEventLog()
+            started, expected = await ENGINES[name].start(log)
+            shared = _SHARED[name] = _Shared(EngineCase(name, started, log, expected))
+        shared.users += 1
+    try:
+        yield shared.case
+    finally:
+        async with _SHARED_LOCK:
+            shared.users -= 1
+            if shared.users == 0:
+                del _SHARED[name]
+                await shared.case.engine.shutdown()
 
 
 @pytest.fixture(scope="session", params=[pytest.param(name, marks=spec.marks) for name, spec in ENGINES.items()])
 async def engine(request: pytest.FixtureRequest) -> AsyncIterator[EngineCase]:
-    log = KvEventLog()
-    started, expected = await ENGINES[request.param].start(log)
-    yield EngineCase(request.param, started, log, expected)
-    await started.shutdown()
+    async with shared_engine(request.param) as case:
+        yield case

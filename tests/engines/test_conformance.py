@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from core.errors import ContextLengthExceeded, InvalidRequest
 from core.messages import SamplingParams
 from router.hashing import block_hashes, root_hash
 from tests.engines.conftest import EngineCase
@@ -180,3 +181,15 @@ async def test_tiny_prompts(engine: EngineCase, prompt_len: int) -> None:
     usage = outputs[-1].usage
     assert usage is not None
     assert (usage.prompt_tokens, usage.completion_tokens, outputs[-1].finish_reason) == (prompt_len, 3, "length")
+
+
+async def test_bad_prompts_are_refused_with_the_reason(engine: EngineCase) -> None:
+    limit = engine.engine.info.context_length
+    with pytest.raises(ContextLengthExceeded, match=str(limit)):
+        await collect(engine, engine.prompt(limit + 1), SamplingParams(max_tokens=1))
+    with pytest.raises(InvalidRequest):
+        await collect(engine, [], SamplingParams(max_tokens=1))
+    load = engine.engine.load()
+    assert load.running == load.waiting == 0
+    outputs = await collect(engine, engine.prompt(8), SamplingParams(max_tokens=2, temperature=0.0))
+    assert outputs[-1].finish_reason == "length"

@@ -1,8 +1,8 @@
 """The vLLM engine against the real default model (SmolLM2-135M-Instruct, float32 on CPU).
 
-One engine serves the whole module (start-up takes about a minute). Besides the checks below,
-this module runs the engine conformance suite (tests/engines/test_conformance.py) on it, until
-tests/engines/conftest.py lists "vllm" among its engines (then the suite runs it there, once).
+The engine is the session's shared one (start-up takes about a minute on CPU): the conformance
+suite (tests/engines/test_conformance.py, which lists "vllm" among its engines) and this module
+run on the same running engine (``tests.engines.conftest.shared_engine``).
 
 Run in the vLLM environment: ``.venv-vllm/bin/python -m pytest -m vllm tests/workers``.
 """
@@ -25,13 +25,10 @@ from tokenizers import Tokenizer  # noqa: E402
 from core.messages import BlockStored, SamplingParams  # noqa: E402
 from core.settings import VllmSettings  # noqa: E402
 from router.hashing import block_hashes, root_hash  # noqa: E402
-from tests.engines.conftest import ENGINES, EngineCase, KvEventLog  # noqa: E402
-from tests.workers.vllm_support import MODEL, smollm2_weights_dir, start_vllm_engine  # noqa: E402
+from tests.engines.conftest import EngineCase, shared_engine  # noqa: E402
+from tests.workers.vllm_support import MODEL, smollm2_weights_dir  # noqa: E402
 from workers.engines.base import EngineOutput, EngineRequest, EngineStartError  # noqa: E402
 from workers.engines.vllm_engine import VllmEngine, to_vllm_sampling  # noqa: E402
-
-if "vllm" not in ENGINES:
-    from tests.engines.test_conformance import *  # noqa: E402,F403 - the suite, on this module's engine
 
 pytestmark = pytest.mark.vllm
 
@@ -42,12 +39,10 @@ FRANCE = (
 EOS = 2
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 async def engine() -> AsyncIterator[EngineCase]:
-    log = KvEventLog()
-    started, expected = await start_vllm_engine(log)
-    yield EngineCase("vllm", started, log, expected)
-    await started.shutdown()
+    async with shared_engine("vllm") as case:
+        yield case
 
 
 @pytest.fixture(scope="module")

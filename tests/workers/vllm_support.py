@@ -9,6 +9,7 @@ Used by tests/workers/test_vllm_engine.py and, as one entry, by the engine confo
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,9 @@ from workers.engines.base import Engine, KvEventSink
 
 MODEL = "smollm2"
 
-#: Small enough for a shared 2-core test machine; big enough for the conformance tests.
-TEST_SETTINGS = VllmSettings(max_num_seqs=16, kv_cache_gib=1.0)
+#: Small enough for a shared 2-core test machine; big enough for the conformance tests. OpenMP
+#: threads set explicitly: left to vLLM, a 2-core machine gets one thread.
+TEST_SETTINGS = VllmSettings(max_num_seqs=16, kv_cache_gib=1.0, omp_threads=os.cpu_count() or 1)
 
 VLLM_SKIP = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,

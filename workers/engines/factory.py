@@ -4,10 +4,15 @@ heavy and only a vLLM worker needs it."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
 from pathlib import Path
 
 from core.settings import Settings
 from workers.engines.base import Engine
+
+log = logging.getLogger(__name__)
 
 
 def _context_length(model_path: Path, default: int = 8192) -> int:
@@ -16,6 +21,17 @@ def _context_length(model_path: Path, default: int = 8192) -> int:
         data = json.loads(config.read_text())
         return int(data.get("max_position_embeddings") or data.get("max_seq_len") or default)
     return default
+
+
+def shut_worker_down(reason: str) -> None:
+    """An engine died: ask this worker process for Celery's warm shutdown (SIGTERM).
+
+    The worker then stops taking tasks, lets the running ones end (their streams have already
+    failed with an error), and its ``worker_shutdown`` handler deregisters it, so routers drop it
+    at once instead of after a lease. A process supervisor may restart it.
+    """
+    log.critical("engine died (%s): shutting this worker down", reason)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def create_engine(settings: Settings) -> Engine:
@@ -27,5 +43,5 @@ def create_engine(settings: Settings) -> Engine:
     if settings.worker.engine == "vllm":
         from workers.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(settings.model, model_path, settings.worker.vllm)
+        return VllmEngine(settings.model, model_path, settings.worker.vllm, on_dead=shut_worker_down)
     raise ValueError(f"unknown engine {settings.worker.engine!r}")

@@ -24,6 +24,14 @@ How the contract is met:
   prefix blocks counted once per request: an upper bound).
 * ``start`` blocks the engine loop while vLLM loads (about a minute on CPU): vLLM's async client
   must be created on the loop that will drive it, and nothing else runs there before start.
+* Engine death: when vLLM's engine core process dies, vLLM fails every live stream with
+  ``EngineDeadError``; each becomes an :class:`core.errors.UpstreamError` (so the client gets an
+  error event), and a watchdog calls ``on_dead`` once with the reason. The worker's ``on_dead``
+  (``workers.engines.factory``) asks the worker to shut down, which deregisters it: a worker with a
+  dead engine must not stay routable.
+* Prompts the engine cannot take (empty, longer than the context) raise
+  :class:`core.errors.InvalidRequest` / :class:`core.errors.ContextLengthExceeded` before vLLM sees
+  them, with the limit in the message.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +52,9 @@ from vllm.inputs import tokens_input
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
 
+from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
 from core.messages import FinishReason, SamplingParams, Usage
 from core.settings import VllmSettings
 from workers.engines.base import (
@@ -66,6 +76,11 @@ ENGINE_NAME = "vllm"
 CPU_DEFAULT_BLOCK_SIZE = 32
 _GIB = 1 << 30
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
+#: How often the watchdog looks at vLLM's engine-core liveness flag.
+_WATCHDOG_INTERVAL_S = 0.5
+
+#: Called once, from the engine loop, when the engine has died; the argument says why.
+OnDead = Callable[[str], None]
 
 _FINISH_REASONS: dict[str | None, FinishReason] = {
     "stop": "stop",
@@ -146,8 +161,9 @@ class _Live:
 
 
 class VllmEngine(Engine):
-    def __init__(self, model: str, model_path: Path, settings: VllmSettings) -> None:
+    def __init__(self, model: str, model_path: Path, settings: VllmSettings, on_dead: OnDead | None = None) -> None:
         self.model = model
+        self._on_dead = on_dead
         self.model_path = Path(model_path)
         self.settings = settings
         self._llm: AsyncLLM | None = None
@@ -156,6 +172,8 @@ class VllmEngine(Engine):
         self._subscriber: KvEventSubscriber | None = None
         self._translator: KvEventTranslator | None = None
         self._kv_task: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._dead_reported = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
     async def start(self, kv_sink: KvEventSink = discard_kv_events) -> None:
@@ -181,19 +199,24 @@ class VllmEngine(Engine):
             vocab_size=config.model_config.get_vocab_size(),
         )
         self._translator = KvEventTranslator(self.model, self.info.block_size)
-        self._kv_task = asyncio.get_running_loop().create_task(self._pump_kv_events(), name="vllm-kv-events")
+        loop = asyncio.get_running_loop()
+        self._kv_task = loop.create_task(self._pump_kv_events(), name="vllm-kv-events")
+        self._watchdog = loop.create_task(self._watch_engine(), name="vllm-watchdog")
         log.info("vLLM engine ready: %s", self.info)
 
     async def shutdown(self) -> None:
+        self._dead_reported = True  # a deliberate stop is not a death
         if self._llm is not None:
-            for request_id in list(self._live):
-                await self.abort(request_id)
+            if not self._llm.errored:
+                for request_id in list(self._live):
+                    await self.abort(request_id)
             self._llm.shutdown()
             self._llm = None
-        if self._kv_task is not None:
-            self._kv_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._kv_task
+        for task in (self._kv_task, self._watchdog):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._subscriber is not None:
             self._subscriber.close()
             self._subscriber = None
@@ -203,6 +226,7 @@ class VllmEngine(Engine):
         if request.lora is not None:
             raise ValueError(f"LoRA adapter {request.lora!r} requested, but the vLLM engine serves none")
         llm = self._require_llm()
+        self._check_prompt(request)
         live = _Live(prompt_tokens=len(request.token_ids))
         self._live[request.request_id] = live
         cached = 0
@@ -229,12 +253,15 @@ class VllmEngine(Engine):
                     )
                     yield EngineOutput(tokens, finish_reason=finish, usage=usage)
                     return
+        except EngineDeadError as exc:
+            self._report_dead("vLLM's engine core process died")
+            raise UpstreamError("the vLLM engine died while serving this request") from exc
         finally:
             self._live.pop(request.request_id, None)
 
     async def abort(self, request_id: str) -> None:
         live = self._live.get(request_id)
-        if live is None or self._llm is None:
+        if live is None or self._llm is None or self._llm.errored:
             return
         live.aborted = True
         await self._llm.abort(request_id)
@@ -273,7 +300,38 @@ class VllmEngine(Engine):
     def _require_llm(self) -> AsyncLLM:
         if self._llm is None:
             raise RuntimeError("the vLLM engine is not started")
+        if self._llm.errored:
+            raise UpstreamError("the vLLM engine is dead")
         return self._llm
+
+    def _check_prompt(self, request: EngineRequest) -> None:
+        """Refuse here what vLLM would refuse with a bare ValueError, with the limit in the message."""
+        n = len(request.token_ids)
+        if n == 0:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        limit = self.info.context_length
+        if n > limit:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {limit} tokens; the prompt has {n} tokens.",
+                param="messages")
+
+    async def _watch_engine(self) -> None:
+        """Notice an engine core that died while no request was running (nothing else would)."""
+        while self._llm is not None and not self._llm.errored:
+            await asyncio.sleep(_WATCHDOG_INTERVAL_S)
+        if self._llm is not None:
+            self._report_dead("vLLM's engine core process died")
+
+    def _report_dead(self, reason: str) -> None:
+        if self._dead_reported:
+            return
+        self._dead_reported = True
+        log.error("the vLLM engine is dead: %s", reason)
+        if self._on_dead is not None:
+            try:
+                self._on_dead(reason)
+            except Exception:  # noqa: BLE001 - reporting must not mask the original failure
+                log.exception("on_dead callback failed")
 
     async def _pump_kv_events(self) -> None:
         assert self._subscriber is not None and self._translator is not None

@@ -1,0 +1,263 @@
+"""Real-model benchmark: `make bench-vllm` (or `.venv-vllm/bin/python -m bench.vllm_bench`).
+
+Sluice (one frontend + one vLLM worker, over Celery and Redis) against vLLM's own OpenAI server
+(``python -m vllm.entrypoints.openai.api_server``) on the same prepared model, the same engine
+settings (dtype, block size, max_num_seqs, KV cache size, OpenMP threads, prefix caching, eager
+mode), the same streaming chat prompts and the same concurrency levels (1 and 8). Both are started (one after
+the other), then loaded in turn, never at once (a small CPU machine has two cores), for several
+rounds that alternate which goes first; each level reports its median round. Reported per system and level:
+output tokens/s, TTFT p50/p99, inter-token latency p50; then the ratios Sluice / vLLM. Targets:
+throughput >= 0.95x, TTFT p50 at most +10 ms. Prints a table; writes bench/results/vllm.json.
+
+Differences that stay on purpose: the Sluice worker also publishes vLLM's KV cache events (the
+router needs them) and Celery task events (Flower needs them); vLLM's server does neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from bench.loadgen import run_load
+from bench.stats import cpu_seconds, pct
+from core.settings import Settings
+from sluice.devstack import RedisServer, Stack, free_port, wait_until
+from workers.models.prepare import prepare_model
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODEL = "smollm2"
+WORDS = ("river stone cloud garden lantern music paper window orange silver forest candle bridge "
+         "winter mountain harbor").split()
+START_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine settings both servers get."""
+
+    dtype: str = "float32"
+    block_size: int = 32
+    max_num_seqs: int = 8
+    kv_cache_gib: float = 1.0
+    omp_threads: int = os.cpu_count() or 1
+
+    def sluice_env(self) -> dict[str, str]:
+        return {"SLUICE_ENGINE": "vllm", "SLUICE_WORKER__VLLM__DTYPE": self.dtype,
+                "SLUICE_WORKER__VLLM__BLOCK_SIZE": str(self.block_size),
+                "SLUICE_WORKER__VLLM__MAX_NUM_SEQS": str(self.max_num_seqs),
+                "SLUICE_WORKER__VLLM__KV_CACHE_GIB": str(self.kv_cache_gib),
+                "SLUICE_WORKER__VLLM__OMP_THREADS": str(self.omp_threads)}
+
+    def vllm_args(self) -> list[str]:
+        """What workers/engines/vllm_engine.py gives vLLM, as server flags."""
+        return ["--dtype", self.dtype, "--block-size", str(self.block_size), "--max-num-seqs", str(self.max_num_seqs),
+                "--kv-cache-memory-bytes", str(int(self.kv_cache_gib * (1 << 30))), "--enable-prefix-caching",
+                "--enforce-eager", "--disable-log-stats"]
+
+    def vllm_env(self) -> dict[str, str]:
+        """The OpenMP setup the Sluice worker makes (vllm_engine._configure_cpu_threads)."""
+        return {"OMP_NUM_THREADS": str(self.omp_threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def chat_body(i: int, max_tokens: int) -> dict:
+    rng = random.Random(i)
+    words = " ".join(rng.choice(WORDS) for _ in range(12))
+    return {"model": MODEL, "messages": [{"role": "user", "content": f"Tell a story about: {i} {words}"}],
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
+def summarize(run, cpu_front: float | None) -> dict:  # noqa: ANN001
+    ok = [r for r in run.results if r.ok]
+    n = len(run.results)
+    ttft = [r.ttft_s * 1000 for r in ok]
+    itl = [r.itl_s * 1000 for r in ok if r.itl_s is not None]
+    return {
+        "concurrency": run.concurrency, "requests": n, "errors": n - len(ok), "wall_s": run.wall_s,
+        "tokens_per_s": sum(r.tokens for r in ok) / run.wall_s,
+        "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99), "itl_ms_p50": pct(itl, 50),
+        "frontend_cpu_ms_per_req": cpu_front * 1000 / n if cpu_front is not None else None,
+        "first_error": next((r.error for r in run.results if not r.ok), None),
+    }
+
+
+async def measure(url: str, level: int, requests_per_slot: int, max_tokens: int, front_pid: int | None) -> dict:
+    before = cpu_seconds([front_pid]) if front_pid else {}
+    run = await run_load(url, lambda i: chat_body(i, max_tokens), level, level * requests_per_slot, timeout_s=600)
+    after = cpu_seconds([front_pid]) if front_pid else {}
+    return summarize(run, after[front_pid] - before[front_pid] if front_pid else None)
+
+
+async def warm_up(url: str, max_tokens: int) -> None:
+    """The first requests of a fresh engine allocate and warm caches: keep them out of the numbers."""
+    await run_load(url, lambda i: chat_body(10**6 + i, max_tokens), 2, 4)
+
+
+# ---- the two systems --------------------------------------------------------------------------------
+@dataclass
+class Server:
+    name: str
+    url: str
+    front_pid: int
+    stop: Callable[[], None]
+
+
+def start_vllm_server(model_dir: Path, cfg: EngineConfig) -> Server:
+    port = free_port()
+    log = Path(tempfile.mkdtemp(prefix="sluice-bench-vllm-")) / "vllm.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args()]
+    proc = subprocess.Popen(cmd, env={**os.environ, **cfg.vllm_env()}, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop() -> None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM's server exited ({proc.returncode}); see {log}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(up, START_TIMEOUT_S, "vLLM's OpenAI server", interval=0.5)
+    except BaseException:
+        stop()
+        raise
+    return Server("vLLM server", f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid, stop)
+
+
+def start_sluice(model_dir: Path, cfg: EngineConfig) -> Server:
+    redis = RedisServer().start()
+    stack = Stack(redis_url=redis.url, namespace=f"bench{uuid.uuid4().hex[:6]}", model_path=model_dir,
+                  env_extra=cfg.sluice_env())
+
+    def stop() -> None:
+        stack.stop()
+        redis.stop()
+
+    try:
+        stack.start_worker("bench-vllm")
+        front = stack.start_frontend()
+        stack.wait_ready(MODEL, 1, timeout=START_TIMEOUT_S)
+    except BaseException:
+        stop()
+        raise
+    return Server("Sluice", f"{stack.base_url}/v1/chat/completions", front.popen.pid, stop)
+
+
+def median_row(rows: list[dict]) -> dict:
+    """The round with the median throughput (a whole measured row, not a mix of rounds)."""
+    ranked = sorted(rows, key=lambda r: r["tokens_per_s"])
+    return {**ranked[len(ranked) // 2], "rounds": [r["tokens_per_s"] for r in rows]}
+
+
+def run_all(model_dir: Path, cfg: EngineConfig, args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Start both (one after the other), then measure them in turn, alternating which goes first,
+    so that other load on the machine hits both alike; report each level's median round."""
+    servers: list[Server] = []
+    try:
+        if args.only in (None, "vllm"):
+            servers.append(start_vllm_server(model_dir, cfg))
+        if args.only in (None, "sluice"):
+            servers.append(start_sluice(model_dir, cfg))
+        for server in servers:
+            asyncio.run(warm_up(server.url, args.max_tokens))
+        raw: dict[str, dict[int, list[dict]]] = {s.name: {level: [] for level in args.concurrency} for s in servers}
+        for round_no in range(args.rounds):
+            for level in args.concurrency:
+                order = servers if round_no % 2 == 0 else servers[::-1]
+                for server in order:
+                    row = asyncio.run(measure(server.url, level, args.requests_per_slot, args.max_tokens,
+                                              server.front_pid))
+                    raw[server.name][level].append(row)
+                    print(f"round {round_no + 1} {server.name:12s} c={level}: {row['tokens_per_s']:.1f} tok/s, "
+                          f"TTFT p50 {row['ttft_ms_p50'] or 0:.1f} ms", flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+    return {name: [median_row(rows) for rows in by_level.values()] for name, by_level in raw.items()}
+
+
+# ---- report -------------------------------------------------------------------------------------------
+def _fmt(v: float | None, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def ratios(sluice: list[dict], vllm: list[dict]) -> list[dict]:
+    out = []
+    for s, v in zip(sluice, vllm, strict=True):
+        out.append({
+            "concurrency": s["concurrency"],
+            "throughput_ratio": s["tokens_per_s"] / v["tokens_per_s"] if v["tokens_per_s"] else None,
+            "ttft_p50_delta_ms": (s["ttft_ms_p50"] - v["ttft_ms_p50"])
+            if s["ttft_ms_p50"] is not None and v["ttft_ms_p50"] is not None else None,
+            "itl_p50_ratio": s["itl_ms_p50"] / v["itl_ms_p50"] if s["itl_ms_p50"] and v["itl_ms_p50"] else None,
+        })
+    return out
+
+
+def print_table(results: dict[str, list[dict]], compared: list[dict]) -> None:
+    table = Table(title="Sluice + vLLM vs vLLM's own OpenAI server (streaming chat, SmolLM2-135M, CPU)")
+    for col in ("system", "conc", "reqs", "err", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms",
+                "front CPU ms/req"):
+        table.add_column(col, justify="right" if col != "system" else "left")
+    for system, rows in results.items():
+        for r in rows:
+            table.add_row(system, str(r["concurrency"]), str(r["requests"]), str(r["errors"]), _fmt(r["tokens_per_s"]),
+                          _fmt(r["ttft_ms_p50"]), _fmt(r["ttft_ms_p99"]), _fmt(r["itl_ms_p50"]),
+                          _fmt(r["frontend_cpu_ms_per_req"]))
+    for c in compared:
+        table.add_row("Sluice/vLLM", str(c["concurrency"]), "", "", _fmt(c["throughput_ratio"], ".3f") + "x",
+                      _fmt(c["ttft_p50_delta_ms"], "+.1f"), "", _fmt(c["itl_p50_ratio"], ".3f") + "x", "",
+                      style="bold")
+    console = Console(width=max(Console().width, 132))
+    console.print(table)
+    console.print("targets: throughput >= 0.95x, TTFT p50 <= +10 ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--requests-per-slot", type=int, default=4, help="requests per level = level x this")
+    ap.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (ignore_eos)")
+    ap.add_argument("--rounds", type=int, default=3, help="measurements per system and level (median reported)")
+    ap.add_argument("--only", choices=["sluice", "vllm"], default=None, help="measure one system only")
+    args = ap.parse_args()
+
+    model_dir = prepare_model(MODEL, Settings().models_dir, weights=True)
+    cfg = EngineConfig(max_num_seqs=max(8, *args.concurrency))
+    results = run_all(model_dir, cfg, args)
+    compared = ratios(results["Sluice"], results["vLLM server"]) if len(results) == 2 else []
+    print_table(results, compared)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "vllm.json"
+    out.write_text(json.dumps({"time": time.time(), "engine": cfg.__dict__, "max_tokens": args.max_tokens,
+                               "results": results, "ratios": compared}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The real model through the whole stack: ``sluice serve`` + one ``sluice worker`` running vLLM.
+
+SmolLM2-135M-Instruct (weights prepared once into the user cache) on vLLM's CPU build, behind the
+frontend, Celery and Redis, asked through the ``openai`` client. One worker serves the module
+(vLLM starts in about a minute on CPU); the last test kills its engine, so it stays last.
+
+Run in the vLLM environment: ``.venv-vllm/bin/python -m pytest -m vllm tests/e2e/test_vllm_stack.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+import redis
+
+from core.keys import Keys
+from sluice.devstack import Stack, wait_until
+from tests.workers.vllm_support import MODEL, VLLM_SKIP, smollm2_weights_dir
+
+pytestmark = [pytest.mark.vllm, VLLM_SKIP]
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+CONTEXT_LENGTH = 8192
+#: vLLM loads in about a minute on an idle 2-core machine; leave room for a busy one.
+START_TIMEOUT_S = 300
+WORKER = "vllm-1"
+
+
+@pytest.fixture(scope="module")
+def vllm_stack(redis_server) -> Iterator[Stack]:  # noqa: ANN001
+    s = Stack(redis_url=redis_server.url, namespace=f"vllm{uuid.uuid4().hex[:8]}", model_path=smollm2_weights_dir(),
+              env_extra={"SLUICE_ENGINE": "vllm", "SLUICE_WORKER__VLLM__MAX_NUM_SEQS": "8",
+                         "SLUICE_WORKER__VLLM__KV_CACHE_GIB": "1",
+                         "SLUICE_WORKER__VLLM__OMP_THREADS": str(os.cpu_count() or 1)})
+    try:
+        s.start_worker(WORKER)
+        # The frontend is pointed at no model directory at all: its tokenizer and chat template
+        # can only come from what the worker registers.
+        s.start_frontend(SLUICE_MODEL_PATH="/nonexistent/sluice-model")
+        s.wait_ready(MODEL, workers=1, timeout=START_TIMEOUT_S)
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(vllm_stack: Stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{vllm_stack.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_lists_the_model_with_its_context_length(client: openai.OpenAI) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].model_extra["max_model_len"] == CONTEXT_LENGTH
+
+
+def test_greedy_answer_names_paris(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32, temperature=0)
+    answer = r.choices[0].message.content
+    assert "Paris" in answer, answer
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_streaming_gives_the_same_answer(client: openai.OpenAI) -> None:
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text and text == whole.choices[0].message.content
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1  # streamed, not one blob
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_prompt_ids_come_from_the_registered_model_card(client: openai.OpenAI) -> None:
+    """The frontend (given no model directory) tokenized with the worker's tokenizer and template."""
+    from tokenizers import Tokenizer
+
+    model_dir = smollm2_weights_dir()
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    template = json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"]
+    assert "<|im_start|>" in template  # ChatML
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=1, temperature=0)
+    rendered = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert r.usage.prompt_tokens == len(tokenizer.encode(rendered, add_special_tokens=False).ids)
+
+
+def test_a_prompt_longer_than_the_context_is_a_400_naming_the_limit(vllm_stack: Stack) -> None:
+    long_text = "hello " * (CONTEXT_LENGTH + 100)
+    r = httpx.post(f"{vllm_stack.base_url}/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": long_text}], "max_tokens": 4})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded" and str(CONTEXT_LENGTH) in error["message"]
+
+
+def _registered(stack: Stack, worker_id: str) -> bool:
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        return bool(client.exists(Keys(stack.namespace).worker(worker_id)))
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt"])
+def test_a_model_that_fails_to_load_stops_the_worker_before_it_registers(
+        vllm_stack: Stack, tmp_path: Path, case: str) -> None:
+    model_dir = tmp_path / "broken"
+    if case == "corrupt":  # a complete-looking directory whose weights are garbage
+        model_dir.mkdir()
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            shutil.copy(smollm2_weights_dir() / name, model_dir / name)
+        (model_dir / "model.safetensors").write_bytes(b"not a safetensors file")
+    name = f"broken-{case}"
+    proc = vllm_stack.start_worker(name, SLUICE_MODEL_PATH=str(model_dir))
+    rc = proc.popen.wait(START_TIMEOUT_S)
+    assert rc != 0
+    assert "sluice worker: " in proc.tail(200)
+    message = "no tokenizer" if case == "missing" else "failed to start"
+    assert message in proc.tail(200)
+    assert not _registered(vllm_stack, name)
+    assert vllm_stack.ready_workers().get(MODEL) == 1
+
+
+def _engine_core(worker_pid: int) -> psutil.Process:
+    """vLLM's engine core: the worker's child process that runs the model (titled ``VLLM::EngineCore``)."""
+    for child in psutil.Process(worker_pid).children(recursive=True):
+        try:
+            described = child.name() + " " + " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if "EngineCore" in described:
+            return child
+    raise AssertionError(f"no vLLM engine core under worker {worker_pid}")
+
+
+def test_zz_engine_death_fails_in_flight_requests_and_deregisters_the_worker(
+        vllm_stack: Stack, client: openai.OpenAI) -> None:
+    """Runs last: it kills the module's engine."""
+    worker = vllm_stack.procs[WORKER]
+    stream = iter(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write a very long story about a lighthouse."}],
+        max_tokens=4000, temperature=0, stream=True, extra_body={"ignore_eos": True}))
+    for _ in range(3):  # the request is running on the engine
+        next(stream)
+    _engine_core(worker.popen.pid).kill()
+    with pytest.raises(openai.APIError, match="(?i)engine"):
+        for _ in stream:
+            pass
+    worker.popen.wait(120)  # the worker shuts itself down ...
+    assert "engine died" in worker.tail(400)
+    assert not _registered(vllm_stack, WORKER)  # ... and deregisters
+    wait_until(lambda: httpx.get(f"{vllm_stack.base_url}/ready").status_code == 503, 10, "/ready to report no worker")
