@@ -3,8 +3,9 @@
 :class:`Generation` is used as an async context manager. ``start()`` routes and enqueues (errors
 there are client-visible HTTP errors: nothing has streamed yet); ``text()`` yields text as
 deltas arrive (coalescing whatever arrived together); leaving the context always releases
-everything: the stream registration, the router's in-flight prediction, the worker's request
-(cancelled unless it finished) and the usage record.
+everything: the stream registration, the router's in-flight prediction (released however the
+request ends: done, error, cancel), the worker's request (cancelled unless it finished) and the
+usage record. The first token delta tells the router the prompt is computed (``prefill_done``).
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class Generation:
             if token_ids:
                 if self._t_first is None:
                     self._t_first = time.monotonic()
+                    self._policy.prefill_done(self.request_id)
                 self.completion_tokens += len(token_ids)
                 text = assembler.add(token_ids)
                 if assembler.stopped:
@@ -160,6 +162,11 @@ class Generation:
                 if tail:
                     yield tail
                 return
+
+    @property
+    def served_by(self) -> str | None:
+        """The worker serving the request: the routed one, or (pool mode) the one whose deltas arrive."""
+        return self.worker_id or (self._stream.worker_id if self._stream else None)
 
     def _fail(self, kind: str) -> None:
         self.error_type = kind

@@ -4,6 +4,7 @@ at start-up (FastAPI lifespan) and reached from handlers as ``request.app.state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Coroutine
@@ -20,7 +21,9 @@ from app.streams import StreamHub
 from core.errors import InvalidRequest
 from core.keys import Keys
 from core.settings import Settings
+from router.kv_policy import KvPolicy
 from router.policies import LeastLoadedPolicy, Policy, PoolPolicy, RandomPolicy, RoundRobinPolicy
+from router.reaper import run_reaper
 from router.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -44,17 +47,23 @@ class FrontendRuntime:
         self.directory = WorkerDirectory(self.registry, self.hub, s.router.registry_refresh_s, s.model,
                                          on_reap=self._forget_worker)
         await self.directory.start()
+        self.kv_policy = KvPolicy(self.redis, self.keys, s.router)
         self.policies: dict[str, Policy] = self._make_policies()
         self.accounts = Accounts(s, self.redis, self.keys)
         await self.accounts.start()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._reaper = asyncio.get_running_loop().create_task(
+            run_reaper(self.registry, self.kv_policy.index, s.router.reaper_interval_s), name="kv-reaper")
 
     async def _forget_worker(self, worker_id: str) -> None:
-        """A worker's lease expired: drop its own queue (the requests in it already failed)."""
+        """A worker's lease expired: drop its own queue (the requests in it already failed) and its
+        prefix-index entries (so no router credits it with cached blocks)."""
         await self.redis.delete(self.keys.worker_queue(worker_id))
+        await self.kv_policy.index.purge(worker_id)
 
     def _make_policies(self) -> dict[str, Policy]:
         return {
+            "kv": self.kv_policy,
             "round_robin": RoundRobinPolicy(),
             "random": RandomPolicy(),
             "least_loaded": LeastLoadedPolicy(),
@@ -80,9 +89,13 @@ class FrontendRuntime:
             log.warning("background task failed: %r", task.exception())
 
     async def close(self) -> None:
+        self._reaper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reaper
         await self.accounts.close()
         await self.directory.close()
         await self.hub.close()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.kv_policy.flush()
         await self.redis.aclose()

@@ -44,13 +44,23 @@ class MockerSettings(BaseModel):
 
 
 class VllmSettings(BaseModel):
+    """The vLLM engine (workers/engines/vllm_engine.py; docs/engines.md). Prefix caching and KV
+    cache events are always on; the block size and KV capacity the worker registers are vLLM's own."""
+
+    #: ``auto``: float32 on CPU (no native bf16 on most CPUs), the model's dtype on GPU.
     dtype: str = "auto"
+    #: KV block size in tokens; unset: 32 on CPU (it needs a multiple of 32), vLLM's default on GPU.
     block_size: int | None = None
-    kv_cache_gib: float = 1.0
+    #: KV cache size on CPU.
+    kv_cache_gib: float = Field(1.0, gt=0)
+    #: Context length served (registered, enforced by the frontend); unset: the model's.
     max_model_len: int | None = None
-    max_num_seqs: int = 64
-    gpu_memory_utilization: float = 0.85
-    omp_threads: int | None = None
+    #: Batch size, and the worker's Celery concurrency.
+    max_num_seqs: int = Field(64, ge=1)
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    #: CPU compute threads (OMP_NUM_THREADS of the engine core); unset: vLLM's own binding, one
+    #: thread per physical core minus one. scripts/worker.sh sets cores / workers.
+    omp_threads: int | None = Field(None, ge=1)
     enforce_eager: bool = True
 
 
@@ -68,7 +78,7 @@ class WorkerSettings(BaseModel):
 
 
 class RouterSettings(BaseModel):
-    mode: RouterMode = "round_robin"
+    mode: RouterMode = "kv"
     overlap_score_weight: float = Field(1.0, ge=0)
     temperature: float = Field(0.0, ge=0)
     registry_refresh_s: float = Field(0.25, gt=0)

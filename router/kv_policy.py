@@ -56,9 +56,8 @@ def as_token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 def publishes_kv_events(record: WorkerRecord) -> bool:
-    """Whether the worker's engine reports its cache (False: approximate mode). Reads the record's
-    ``kv_events`` field once the registry has it; until then every engine is taken to publish."""
-    return bool(getattr(record, "kv_events", True))
+    """Whether the worker's engine reports its cache (False: approximate mode, the routers guess)."""
+    return record.kv_events
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,10 @@ class Policy(Protocol):
     async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision: ...
 
     def release(self, request_id: str) -> None:
-        """The request finished: forget anything the policy predicted for it."""
+        """The request finished (done, failed or cancelled): forget anything the policy predicted for it."""
+
+    def prefill_done(self, request_id: str) -> None:
+        """The request's first token is out: its prompt is computed."""
 
 
 def _decision(worker: LiveWorker) -> RouteDecision:
@@ -66,6 +69,9 @@ class RoundRobinPolicy:
     def release(self, request_id: str) -> None:
         pass
 
+    def prefill_done(self, request_id: str) -> None:
+        pass
+
 
 class RandomPolicy:
     def __init__(self, rng: random.Random | None = None) -> None:
@@ -75,6 +81,9 @@ class RandomPolicy:
         return _decision(self._rng.choice(list(workers)))
 
     def release(self, request_id: str) -> None:
+        pass
+
+    def prefill_done(self, request_id: str) -> None:
         pass
 
 
@@ -109,6 +118,9 @@ class LeastLoadedPolicy:
             else:
                 self._per_worker.pop(wid, None)
 
+    def prefill_done(self, request_id: str) -> None:
+        pass
+
 
 class PoolPolicy:
     """No choice at all: the pool's shared queue, first free worker takes it (Celery's own balancing)."""
@@ -120,4 +132,7 @@ class PoolPolicy:
         return RouteDecision(worker_id=None, queue=workers[0].record.pool_queue)
 
     def release(self, request_id: str) -> None:
+        pass
+
+    def prefill_done(self, request_id: str) -> None:
         pass

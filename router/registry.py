@@ -34,6 +34,8 @@ class WorkerRecord:
     context_length: int
     started_at: float
     slot: int = -1
+    #: Whether the engine reports its KV cache through events (False: routers guess, approximate mode).
+    kv_events: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +64,20 @@ def _decode_hash(raw: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
+def _parse_bool(raw: str) -> bool:
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+_PARSERS = {"int": int, "float": float, "str": str, "bool": _parse_bool}
+
+
 def _coerce(cls: type, data: dict[str, str]) -> object:
+    """A dataclass from a Redis hash of strings; fields the hash lacks (an older writer) keep their defaults."""
     values = {}
     for f in fields(cls):
         if f.name in data:
-            kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str}[f.type]
-            values[f.name] = kind(data[f.name])
+            name = f.type.__name__ if isinstance(f.type, type) else str(f.type)
+            values[f.name] = _PARSERS[name](data[f.name])
     return cls(**values)
 
 

@@ -7,6 +7,8 @@ with the KV-aware policy's choice without routing anything (nothing is recorded 
         -> {"worker_id": "...", "queue": "...", "overlap_blocks": 0, "cost": 3.0}
     GET  /workers[?model=...]
         -> {"object": "list", "data": [{"worker_id": ..., "load": {...}, "index_blocks": ...}, ...]}
+    POST /clear_kv_blocks  {"worker_id": "w1"}    (or {} for every worker)
+        -> {"workers_notified": 1}
 
 ``text`` is tokenized with the ``tokenizer.json`` in the model directory a live worker registered
 (special tokens added, as for a completions prompt). Errors have the OpenAI shape
@@ -33,6 +35,7 @@ from pydantic import BaseModel, Field, model_validator
 from core.errors import InvalidRequest, NoWorkerAvailable, SluiceError
 from core.keys import Keys
 from core.settings import Settings, get_settings
+from router.control import clear_kv_blocks
 from router.kv_policy import KvPolicy, publishes_kv_events
 from router.policies import RouteRequest, RouterOverrides
 from router.reaper import run_reaper
@@ -61,6 +64,14 @@ class BestWorkerResponse(BaseModel):
     queue: str
     overlap_blocks: int
     cost: float
+
+
+class ClearKvRequest(BaseModel):
+    worker_id: str | None = None
+
+
+class ClearKvResponse(BaseModel):
+    workers_notified: int
 
 
 class WorkerLoadPublic(BaseModel):
@@ -112,6 +123,8 @@ class RouterService:
     def __init__(self, settings: Settings, client: aioredis.Redis) -> None:
         keys = Keys(settings.redis.namespace)
         self.settings = settings
+        self.client = client
+        self.keys = keys
         self.registry = Registry(client, keys)
         self.policy = KvPolicy(client, keys, settings.router)
         self._cache: tuple[float, list[LiveWorker]] = (0.0, [])
@@ -198,6 +211,11 @@ def create_app(settings: Settings | None = None, *, reaper: bool = True) -> Fast
     @app.get("/workers", response_model=WorkerList)
     async def workers(request: Request, model: str | None = Query(None)) -> WorkerList:
         return await request.app.state.service.list_workers(model)
+
+    @app.post("/clear_kv_blocks", response_model=ClearKvResponse)
+    async def clear_kv(body: ClearKvRequest, request: Request) -> ClearKvResponse:
+        service: RouterService = request.app.state.service
+        return ClearKvResponse(workers_notified=await clear_kv_blocks(service.client, service.keys, body.worker_id))
 
     return app
 

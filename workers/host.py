@@ -3,7 +3,12 @@
 Celery task threads hand requests over with :meth:`EngineHost.serve` and block until the
 request has finished, so Celery's view (active tasks, prefetch, Flower) matches the engine's.
 The loop thread owns everything asynchronous: the engine, the Redis client, the delta
-publisher, the heartbeat (lease + load), the control-channel listener (cancel, clear KV).
+publisher, the heartbeat (lease + load), the control-channel listener (cancel, clear KV) and the
+KV relay that keeps the Redis prefix index equal to the engine's prefix cache (workers.kv_relay).
+
+An engine whose ``publishes_kv_events`` attribute is False (default True) registers with
+``kv_events=False``: routers then guess its cache from their own decisions (approximate mode), and
+the host only purges those guesses (on ``clear_kv`` and at shutdown).
 
 Invariant: every request handed to :meth:`serve` ends with exactly one last delta on its reply
 channel (``finish_reason`` or ``error``), whatever happens to the engine.
@@ -112,7 +117,18 @@ class EngineHost:
         await self.engine.start(self._on_kv_events)
 
     def _on_kv_events(self, events: Sequence[KvEvent]) -> None:
-        self.kv.push(events)
+        if self.kv_events:
+            self.kv.push(events)
+
+    @property
+    def kv_events(self) -> bool:
+        """Whether the engine reports its cache (False: the routers' approximate mode)."""
+        return bool(getattr(self.engine, "publishes_kv_events", True))
+
+    async def _publish_kv_state(self, slot: int) -> None:
+        """Make the index hold the engine's whole cache at ``slot`` (go-live, re-registration)."""
+        if self.kv_events:
+            await self.kv.start(slot, self.engine.cached_block_hashes)
 
     def _make_record(self) -> WorkerRecord:
         info = self.engine.info
@@ -121,6 +137,7 @@ class EngineHost:
             pool=self.identity.pool, queue=self.identity.queue, pool_queue=self.identity.pool_queue,
             engine=info.engine, block_size=info.block_size, kv_blocks=info.kv_blocks,
             max_num_seqs=info.max_num_seqs, context_length=info.context_length, started_at=time.time(),
+            kv_events=self.kv_events,
         )
 
     def _load(self) -> WorkerLoad:
@@ -130,7 +147,7 @@ class EngineHost:
 
     async def _go_live(self) -> None:
         self.record = await self.registry.register(self._make_record(), self._load(), self.settings.worker.lease_ttl_s)
-        await self.kv.start(self.record.slot, self.engine.cached_block_hashes)
+        await self._publish_kv_state(self.record.slot)
         self._pubsub = self.redis.pubsub()
         await self._pubsub.subscribe(self.keys.control_channel(self.identity.worker_id), self.keys.control_broadcast)
         loop = asyncio.get_running_loop()
@@ -150,7 +167,7 @@ class EngineHost:
                 fresh = await self.registry.heartbeat(self.record, self._load(), self.settings.worker.lease_ttl_s)
                 if fresh is not None:  # re-registered (Redis lost our lease): the index must be rebuilt
                     self.record = fresh
-                    await self.kv.start(fresh.slot, self.engine.cached_block_hashes)
+                    await self._publish_kv_state(fresh.slot)
             except Exception:  # noqa: BLE001 - keep heartbeating through Redis hiccups
                 log.exception("heartbeat failed")
 
@@ -179,7 +196,9 @@ class EngineHost:
                 while len(self._early_cancels) > _EARLY_CANCELS_MAX:
                     self._early_cancels.popitem(last=False)
         elif cmd.op == "clear_kv":
-            await self.engine.clear_kv_cache()
+            await self.engine.clear_kv_cache()  # reports AllBlocksCleared: the relay clears the index
+            if not self.kv_events:
+                await self.kv.index.purge(self.identity.worker_id)  # the routers' guesses
 
     async def _serve(self, req: GenerateRequest) -> None:
         started_at = time.time()

@@ -1,59 +1,130 @@
-"""Relays an engine's KV cache events to Redis: numbered batches, one flush per loop turn.
+"""Feeds the Redis prefix index from the engine's KV events: numbered batches, one per loop turn.
 
-Each batch gets the next per-worker event id and is appended to the capped ``kv-events`` stream
-for observers. (The prefix index is fed from here too once KV-aware routing is on.)
+Every event the engine reports between two turns of the relay becomes one :class:`KvEventBatch` with
+the worker's next event id, applied atomically by ``PrefixIndex.apply`` (which also appends it to the
+capped ``kv-events`` stream for observers). The index then lists exactly what the engine caches.
+
+Resync: the relay replaces the worker's whole index state with the engine's cache
+(``engine.cached_block_hashes()``) when it starts (go-live), when the worker registered again (its
+lease was lost, e.g. Redis restarted or was flushed), when ``apply`` reports a gap (the index lost
+track: a batch failed to reach Redis, the keys were flushed, the slot changed) and after any Redis
+error. Events and the snapshot are taken on the engine loop, so a snapshot already includes every
+event still pending; those are dropped and the batches after it continue the numbering.
+
+On shutdown the worker's entries are purged (``close``); a worker that dies without closing is purged
+by the reaper when its lease ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 
-from core.keys import KV_EVENTS_STREAM_MAXLEN, Keys
-from core.messages import KvEvent, KvEventBatch, encode_kv_batch
+from core.keys import Keys
+from core.messages import KvEvent, KvEventBatch
+from router.prefix_index import PrefixIndex
 
 log = logging.getLogger(__name__)
 
+#: How long the relay waits before retrying after Redis failed it.
+RETRY_DELAY_S = 0.5
+
+Snapshot = Callable[[], list[int]]
+
 
 class KvRelay:
+    """One per worker, on the engine loop. ``push`` is the engine's KV sink (never blocks)."""
+
     def __init__(self, client: aioredis.Redis, keys: Keys, worker_id: str, model: str) -> None:
-        self._client = client
-        self._keys = keys
+        self.index = PrefixIndex(client, keys)
         self.worker_id = worker_id
         self.model = model
         self.slot = -1
-        self._event_id = 0
+        self.event_id = 0
+        self._snapshot: Snapshot = list
         self._pending: list[KvEvent] = []
+        self._resync_needed = False
+        self._synced: asyncio.Event | None = None
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self, slot: int, snapshot: Callable[[], list[int]]) -> None:
+    async def start(self, slot: int, snapshot: Snapshot) -> None:
+        """(Re)publish the engine's whole cache at ``slot``; returns once the index holds it (or a Redis
+        failure deferred it to the relay's retries). Called at go-live and after every re-registration."""
         self.slot = slot
+        self._snapshot = snapshot
+        self._resync_needed = True
+        self._synced = asyncio.Event()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="kv-relay")
+        self._wake.set()
+        await self._synced.wait()
 
     def push(self, events: Sequence[KvEvent]) -> None:
         self._pending.extend(events)
+        self._idle.clear()
         self._wake.set()
+
+    async def drained(self) -> None:
+        """Wait until every event pushed so far reached the index (tests, benchmarks)."""
+        await self._idle.wait()
 
     async def _run(self) -> None:
         while True:
-            await self._wake.wait()
+            if not self._pending and not self._resync_needed:
+                self._idle.set()
+                await self._wake.wait()
             self._wake.clear()
-            events, self._pending = self._pending, []
-            if not events:
-                continue
-            self._event_id += 1
-            batch = KvEventBatch(self.worker_id, self._event_id, events)
             try:
-                await self._client.xadd(self._keys.kv_events, {"b": encode_kv_batch(batch)},
-                                        maxlen=KV_EVENTS_STREAM_MAXLEN, approximate=True)
-            except Exception:  # noqa: BLE001
-                log.exception("publishing KV events failed")
+                if self._resync_needed:
+                    await self._resync()
+                elif self._pending:
+                    await self._apply()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - Redis hiccup: the batch may be lost, rebuild from the engine
+                log.exception("publishing KV events failed; resyncing in %.1f s", RETRY_DELAY_S)
+                self._resync_needed = True
+                self._mark_synced()  # start() must not hang while Redis is away
+                await asyncio.sleep(RETRY_DELAY_S)
+
+    async def _resync(self) -> None:
+        self._pending = []  # the snapshot, taken on this loop, already reflects them
+        hashes = self._snapshot()
+        self.event_id += 1
+        self._resync_needed = False
+        try:
+            written = await self.index.resync(self.worker_id, self.slot, self.model, hashes, self.event_id)
+        except BaseException:
+            self._resync_needed = True
+            raise
+        log.info("KV index resynced for %s: %d blocks (event %d, slot %d)", self.worker_id, written,
+                 self.event_id, self.slot)
+        self._mark_synced()
+
+    async def _apply(self) -> None:
+        events, self._pending = self._pending, []
+        self.event_id += 1
+        result = await self.index.apply(KvEventBatch(self.worker_id, self.event_id, events),
+                                        slot=self.slot, model=self.model)
+        if result.needs_resync:
+            log.info("KV index refused batch %d of %s (%s); resyncing", self.event_id, self.worker_id, result.status)
+            self._resync_needed = True
+
+    def _mark_synced(self) -> None:
+        if self._synced is not None:
+            self._synced.set()
 
     async def close(self) -> None:
+        """Stop relaying and purge the worker's entries from the index."""
         if self._task is not None:
             self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.index.purge(self.worker_id)

@@ -9,8 +9,8 @@ from starlette.responses import Response
 
 from app.api.deps import RuntimeDep
 from app.api.errors import error_payload
-from app.api.serving import start_generation
-from app.api.sse import DONE, StreamingEvents, sse_event
+from app.api.serving import start_generation, streaming_response, worker_header
+from app.api.sse import DONE, sse_event
 from app.generation import Generation
 from app.prompting import chat_prompt_ids
 from app.protocol.chat import (
@@ -38,14 +38,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, rt: Ru
     gen = await start_generation(rt, request, body, card, principal, prompt_ids, body.token_limit())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingEvents(_stream(gen, body.model, include_usage))
+        return streaming_response(_stream(gen, body.model, include_usage), gen)
     async with gen:
         text = "".join([piece async for piece in gen.text()])
     return Response(encode(ChatCompletion(
         id=f"chatcmpl-{gen.request_id}", created=int(time.time()), model=body.model,
         choices=[ChatChoice(0, ResponseMessage("assistant", text), gen.finish_reason)],
         usage=make_usage(gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens))),
-        media_type="application/json")
+        media_type="application/json", headers=worker_header(gen))
 
 
 async def _stream(gen: Generation, model: str, include_usage: bool):  # type: ignore[no-untyped-def]

@@ -9,8 +9,8 @@ from starlette.responses import Response
 
 from app.api.deps import RuntimeDep
 from app.api.errors import error_payload
-from app.api.serving import start_generation
-from app.api.sse import DONE, StreamingEvents, sse_event
+from app.api.serving import start_generation, streaming_response, worker_header
+from app.api.sse import DONE, sse_event
 from app.generation import Generation
 from app.prompting import completion_prompt_ids
 from app.protocol.common import encode, make_usage
@@ -35,14 +35,14 @@ async def completions(body: CompletionRequest, request: Request, rt: RuntimeDep)
         card.decode(prompt_ids) if body.echo else "")
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingEvents(_stream(gen, body.model, include_usage, echo))
+        return streaming_response(_stream(gen, body.model, include_usage, echo), gen)
     async with gen:
         text = "".join([piece async for piece in gen.text()])
     return Response(encode(Completion(
         id=f"cmpl-{gen.request_id}", created=int(time.time()), model=body.model,
         choices=[CompletionChoice(0, echo + text, gen.finish_reason)],
         usage=make_usage(gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens))),
-        media_type="application/json")
+        media_type="application/json", headers=worker_header(gen))
 
 
 async def _stream(gen: Generation, model: str, include_usage: bool, echo: str):  # type: ignore[no-untyped-def]

@@ -137,3 +137,24 @@ def test_run_serves_on_the_configured_port(redis_server: RedisServer, redis_clie
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+async def test_clear_kv_blocks_reaches_the_workers_control_channels(http: httpx.AsyncClient, aredis: aioredis.Redis,
+                                                                    keys: Keys) -> None:
+    from core.messages import decode_control
+
+    pubsub = aredis.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(keys.control_channel("w1"), keys.control_broadcast)
+    try:
+        for body, expected in (({"worker_id": "w1"}, keys.control_channel("w1")), ({}, keys.control_broadcast)):
+            r = await http.post("/clear_kv_blocks", json=body)
+            assert r.status_code == 200 and r.json() == {"workers_notified": 1}
+            message = None
+            for _ in range(5):  # subscribe confirmations come back as None first
+                message = message or await pubsub.get_message(timeout=2)
+            assert message is not None and message["channel"].decode() == expected
+            assert decode_control(message["data"]).op == "clear_kv"
+        r = await http.post("/clear_kv_blocks", json={"worker_id": "nobody"})
+        assert r.json() == {"workers_notified": 0}
+    finally:
+        await pubsub.aclose()

@@ -117,7 +117,11 @@ _Delivery = tuple[_Request, int, FinishReason | None]
 
 
 class MockerEngine(Engine):
-    def __init__(self, model: str, settings: MockerSettings, context_length: int = 8192) -> None:
+    def __init__(self, model: str, settings: MockerSettings, context_length: int = 8192,
+                 *, kv_events: bool = True) -> None:
+        #: False simulates an engine that reports nothing about its cache (the routers' approximate mode):
+        #: the KV sink is never called.
+        self.publishes_kv_events = kv_events
         self.model = model
         self.settings = settings
         self.context_length = context_length
@@ -145,7 +149,7 @@ class MockerEngine(Engine):
             model=self.model, engine="mocker", block_size=s.block_size, kv_blocks=s.kv_blocks,
             max_num_seqs=s.max_num_seqs, context_length=self.max_model_len, vocab_size=s.vocab_size,
         )
-        self._sink = kv_sink
+        self._sink = kv_sink if self.publishes_kv_events else discard_kv_events
         self._wakeup = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="mocker-scheduler")
         self._task.add_done_callback(self._on_scheduler_exit)

@@ -1,0 +1,226 @@
+"""The worker side of KV-aware routing against a real Redis: a real engine host (the one a Celery
+worker runs, minus Celery) with a mocker engine feeding the prefix index through its KV relay.
+
+Every check waits for a condition (the index equal to the engine's cache), never for a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from core.keys import Keys
+from core.messages import GenerateRequest, SamplingParams, request_to_builtins
+from core.settings import MockerSettings, RouterSettings, Settings, WorkerSettings
+from router.hashing import block_hashes, root_hash
+from router.kv_policy import KvPolicy
+from router.policies import RouteRequest
+from router.prefix_index import PrefixIndex
+from router.reaper import reap_dead_workers
+from router.registry import Registry
+from sluice.devstack import RedisServer, wait_until
+from workers.engines.mocker import MockerEngine
+from workers.host import EngineHost, WorkerIdentity
+
+MODEL = "m"
+BLOCK = 4
+
+
+def prompt(n: int, salt: int = 0) -> list[int]:
+    return [100 + (salt * 7919 + i * 31) % 20000 for i in range(n)]
+
+
+def settings_for(url: str, namespace: str, lease_ttl_s: float = 3.0) -> Settings:
+    return Settings(redis_url=url, namespace=namespace, model=MODEL, worker=WorkerSettings(
+        heartbeat_interval_s=0.1, lease_ttl_s=lease_ttl_s,
+        mocker=MockerSettings(no_sleep=True, block_size=BLOCK, kv_blocks=64, max_num_seqs=8)))
+
+
+def make_host(url: str, namespace: str, worker_id: str, *, kv_events: bool = True,
+              lease_ttl_s: float = 3.0) -> EngineHost:
+    s = settings_for(url, namespace, lease_ttl_s)
+    keys = Keys(namespace)
+    engine = MockerEngine(MODEL, s.worker.mocker, context_length=1024, kv_events=kv_events)
+    identity = WorkerIdentity(worker_id=worker_id, model=MODEL, model_path="/nonexistent", pool="agg",
+                              queue=keys.worker_queue(worker_id), pool_queue=keys.pool_queue(MODEL, "agg"))
+    host = EngineHost(s, engine, identity)
+    host.start()
+    host.go_live()
+    return host
+
+
+def serve(host: EngineHost, tokens: list[int], max_tokens: int = 3) -> None:
+    request = GenerateRequest(request_id=f"r{time.monotonic_ns()}", model=MODEL, token_ids=tokens,
+                              sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True), reply_channel="nobody",
+                              deadline=time.time() + 60)
+    host.serve(request_to_builtins(request))
+
+
+def engine_state(host: EngineHost) -> set[str]:
+    hashes = host._call(_on_loop(host.engine.cached_block_hashes))
+    return {f"{h:016x}" for h in hashes}
+
+
+async def _on_loop(fn):  # type: ignore[no-untyped-def]
+    return fn()
+
+
+def index_state(client: redis.Redis, keys: Keys, worker_id: str) -> set[str]:
+    return {h.decode() for h in client.smembers(keys.kv_worker(worker_id))}
+
+
+def bitmaps_state(client: redis.Redis, keys: Keys, slot: int) -> set[str]:
+    """Every block whose bitmap has the slot's bit set (what routers read)."""
+    prefix = keys.kv_block_prefix(MODEL)
+    return {k.decode()[len(prefix):] for k in client.scan_iter(match=prefix + "*", count=1000)
+            if client.getbit(k, slot)}
+
+
+def in_sync(host: EngineHost, client: redis.Redis, keys: Keys) -> bool:
+    assert host.record is not None
+    state = engine_state(host)
+    return index_state(client, keys, host.identity.worker_id) == state == bitmaps_state(client, keys, host.record.slot)
+
+
+@pytest.fixture
+def host(redis_server: RedisServer, redis_client: redis.Redis, namespace: str) -> Iterator[EngineHost]:
+    h = make_host(redis_server.url, namespace, "w1")
+    yield h
+    h.stop()
+
+
+def test_events_from_a_serving_worker_reach_the_index(host: EngineHost, redis_client: redis.Redis,
+                                                      namespace: str) -> None:
+    keys = Keys(namespace)
+    tokens = prompt(40)
+    serve(host, tokens)
+    wait_until(lambda: in_sync(host, redis_client, keys), 10, "the index to match the engine")
+    chain = block_hashes(tokens, BLOCK, root_hash(MODEL))
+    assert {f"{h:016x}" for h in chain} <= index_state(redis_client, keys, "w1")
+    assert redis_client.xlen(keys.kv_events) >= 2  # the resync at go-live, then the request's batches
+    serve(host, prompt(200, salt=1))  # more than the cache holds with the first prompt: evictions
+    wait_until(lambda: in_sync(host, redis_client, keys), 10, "the index to follow evictions")
+    raw = {k.decode(): v.decode() for k, v in redis_client.hgetall(keys.worker("w1")).items()}
+    assert raw["kv_events"] == "True"
+
+
+def test_gap_triggers_a_resync(host: EngineHost, redis_client: redis.Redis, namespace: str) -> None:
+    keys = Keys(namespace)
+    serve(host, prompt(40))
+    wait_until(lambda: in_sync(host, redis_client, keys), 10, "the first request's blocks")
+    redis_client.hset(keys.kv_worker_meta("w1"), "eid", 1)  # as if the batches after the go-live resync were lost
+    stray = f"{123456789:016x}"
+    redis_client.sadd(keys.kv_worker("w1"), stray)  # ...and holds something the engine does not
+    serve(host, prompt(40, salt=2))  # its batch is refused as a gap: the worker republishes everything
+    wait_until(lambda: in_sync(host, redis_client, keys), 10, "the resync after the gap")
+    assert stray not in index_state(redis_client, keys, "w1")
+
+
+def test_clear_kv_blocks_clears_the_workers_entries(host: EngineHost, redis_client: redis.Redis,
+                                                    namespace: str, redis_server: RedisServer) -> None:
+    from router.control import clear_kv_blocks
+
+    keys = Keys(namespace)
+    serve(host, prompt(40))
+    wait_until(lambda: in_sync(host, redis_client, keys) and index_state(redis_client, keys, "w1"), 10, "blocks")
+
+    async def clear() -> int:
+        client = redis.asyncio.from_url(redis_server.url)
+        try:
+            return await clear_kv_blocks(client, keys, "w1")
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(clear()) == 1
+    wait_until(lambda: not index_state(redis_client, keys, "w1") and not engine_state(host), 10, "an empty index")
+    assert bitmaps_state(redis_client, keys, host.record.slot) == set()  # type: ignore[union-attr]
+
+
+def test_shutdown_purges_and_a_dead_worker_is_reaped(redis_server: RedisServer, redis_client: redis.Redis,
+                                                     namespace: str) -> None:
+    keys = Keys(namespace)
+    clean = make_host(redis_server.url, namespace, "clean")
+    serve(clean, prompt(40))
+    wait_until(lambda: in_sync(clean, redis_client, keys) and index_state(redis_client, keys, "clean"), 10, "blocks")
+    clean.stop()
+    assert index_state(redis_client, keys, "clean") == set()
+    assert not redis_client.exists(keys.kv_worker_meta("clean"))
+
+    dying = make_host(redis_server.url, namespace, "dying", lease_ttl_s=0.5)
+    serve(dying, prompt(40, salt=3))
+    wait_until(lambda: in_sync(dying, redis_client, keys) and index_state(redis_client, keys, "dying"), 10, "blocks")
+    slot = dying.record.slot  # type: ignore[union-attr]
+    for task in dying._background:  # the process hangs: no more heartbeats, nothing purged
+        dying._loop.call_soon_threadsafe(task.cancel)
+
+    async def reap() -> list[str]:
+        client = redis.asyncio.from_url(redis_server.url)
+        try:
+            registry, index = Registry(client, keys), PrefixIndex(client, keys)
+            while not await registry.expired_workers():
+                await asyncio.sleep(0.05)
+            return await reap_dead_workers(registry, index)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(reap()) == ["dying"]
+    assert index_state(redis_client, keys, "dying") == set() and bitmaps_state(redis_client, keys, slot) == set()
+    dying.stop()
+
+
+def test_resync_after_flushall() -> None:
+    server = RedisServer().start()  # a private server: FLUSHALL must not touch the session's Redis
+    client = redis.Redis.from_url(server.url)
+    keys = Keys("flush")
+    host = make_host(server.url, "flush", "w1")
+    try:
+        serve(host, prompt(40))
+        wait_until(lambda: in_sync(host, client, keys) and index_state(client, keys, "w1"), 10, "blocks")
+        client.flushall()  # as after a Redis restart: registration, index and scripts are gone
+        wait_until(lambda: client.exists(keys.worker("w1")) and in_sync(host, client, keys), 10,
+                   "the worker to register again and republish its cache")
+        assert index_state(client, keys, "w1")
+        serve(host, prompt(40, salt=4))  # and it keeps relaying afterwards
+        wait_until(lambda: in_sync(host, client, keys), 10, "the next request's blocks")
+    finally:
+        host.stop()
+        client.close()
+        server.stop()
+
+
+def test_approximate_mode_for_a_worker_without_events(redis_server: RedisServer, redis_client: redis.Redis,
+                                                      namespace: str) -> None:
+    keys = Keys(namespace)
+    host = make_host(redis_server.url, namespace, "quiet", kv_events=False)
+    tokens = prompt(40)
+
+    async def route_twice() -> tuple[int, int, int]:
+        client = redis.asyncio.from_url(redis_server.url)
+        try:
+            registry = Registry(client, keys)
+            policy = KvPolicy(client, keys, RouterSettings(approx_ttl_s=60))
+            (worker,) = await registry.live_workers(MODEL)
+            assert worker.record.kv_events is False
+            first = await policy.choose(RouteRequest("a", MODEL, tokens), [worker])
+            guesses = (await policy.index.sizes(["quiet"]))["quiet"]
+            second = await policy.choose(RouteRequest("b", MODEL, tokens), [worker])
+            policy.release("a")
+            policy.release("b")
+            await policy.flush()
+            return first.overlap_blocks, guesses, second.overlap_blocks
+        finally:
+            await client.aclose()
+
+    try:
+        serve(host, tokens)
+        assert index_state(redis_client, keys, "quiet") == set()  # the engine reported nothing
+        first, guesses, second = asyncio.run(route_twice())
+        assert (first, guesses, second) == (0, len(tokens) // BLOCK, len(tokens) // BLOCK)
+        assert redis_client.zcard(keys.kv_worker_approx("quiet")) == len(tokens) // BLOCK
+    finally:
+        host.stop()
+    assert redis_client.zcard(keys.kv_worker_approx("quiet")) == 0  # purged at shutdown
