@@ -87,7 +87,8 @@ class WorkerDirectory:
         async def load() -> None:
             try:
                 card = await asyncio.to_thread(ModelCard.load, worker.record.model, Path(worker.record.model_path),
-                                               int(worker.record.started_at))
+                                               int(worker.record.started_at),
+                                               worker.record.context_length or None)
                 fut.set_result(card)
             except Exception as exc:  # noqa: BLE001 - retried when the next worker registers
                 log.exception("loading the tokenizer of %s from %s failed", worker.record.model, worker.record.model_path)

@@ -116,12 +116,14 @@ class Generation:
         assembler = TextAssembler(card.tokenizer, card.decode_stream(), self.spec.stops)
         stall = self.rt.settings.frontend.stall_timeout_s
         while True:
-            timeout = min(stall, self._deadline - time.time())
+            left = self._deadline - time.time()
             try:
-                batch = await self._stream.get_batch(max(timeout, 0.0))
+                batch = await self._stream.get_batch(max(min(stall, left), 0.0))
             except TimeoutError:
                 self._fail("timeout")
-                if time.time() >= self._deadline:
+                # Which limit was waited for, not the clock afterwards: the loop's timers may fire a
+                # little early against wall-clock time.
+                if left <= stall:
                     raise UpstreamError("the request did not finish before its deadline", code="timeout") from None
                 raise StreamStalled(f"no tokens from the worker for {stall:.0f} s") from None
             token_ids: list[int] = []

@@ -14,15 +14,13 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
-import orjson
 import redis
 from rich.console import Console
 from rich.table import Table
 
 from bench.stats import pct
 from core.settings import Settings
-from sluice.devstack import RedisServer, Stack, final_delta
+from sluice.devstack import RedisServer, Stack, final_delta, read_then_disconnect
 from workers.models.prepare import prepare_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -32,15 +30,7 @@ MODEL = "smollm2"
 def one_cancel(stack: Stack, watcher: redis.client.PubSub, i: int) -> float:
     body = {"model": MODEL, "messages": [{"role": "user", "content": f"Tell story {i}."}], "max_tokens": 4000,
             "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=body, timeout=30) as resp:
-        resp.raise_for_status()
-        seen = 0
-        for line in resp.iter_lines():
-            if line.startswith("data: {"):
-                request_id = orjson.loads(line[6:])["id"].removeprefix("chatcmpl-")
-                seen += 1
-                if seen == 4:
-                    break
+    request_id = read_then_disconnect(stack.base_url, body)
     closed_at = time.perf_counter()
     final = final_delta(watcher, request_id)
     latency = time.perf_counter() - closed_at

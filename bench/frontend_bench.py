@@ -71,11 +71,11 @@ async def measure(url: str, concurrency: int, requests: int, front_pids: list[in
     return summarize(run, cpu_front, cpu_all)
 
 
-def sluice_stack(workers: int, task_events: bool = True) -> tuple[RedisServer, Stack]:
+def sluice_stack(workers: int, task_events: bool = True, router: str = "kv") -> tuple[RedisServer, Stack]:
     tok = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
     redis = RedisServer().start()
     stack = Stack(redis_url=redis.url, namespace=f"bench{uuid.uuid4().hex[:6]}", model_path=tok,
-                  env_extra={"SLUICE_WORKER__MOCKER__NO_SLEEP": "true", "SLUICE_ROUTER_MODE": "round_robin",
+                  env_extra={"SLUICE_WORKER__MOCKER__NO_SLEEP": "true", "SLUICE_ROUTER_MODE": router,
                              "SLUICE_WORKER__TASK_EVENTS": "true" if task_events else "false"})
     for i in range(workers):
         stack.start_worker(f"bench{i}")
@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--task-events", choices=["on", "off", "both"], default="both",
                     help="Celery task events on the workers (Flower's task views need them; default: measure both)")
+    ap.add_argument("--router", default="kv", help="Sluice's routing mode (Dynamo's anchor routes with its KV router)")
     ap.add_argument("--dynamo", action="store_true", help="also measure the Dynamo anchor (if installed)")
     ap.add_argument("--anchor", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "anchors" / "dynamo")
     args = ap.parse_args()
@@ -116,7 +117,7 @@ def main() -> None:
     for events in variants:
         system = "sluice" if events else "sluice (no task events)"
         results[system] = []
-        redis, stack = sluice_stack(args.workers, events)
+        redis, stack = sluice_stack(args.workers, events, args.router)
         try:
             front = [stack.procs["frontend"].popen.pid]
             workers = [p.popen.pid for n, p in stack.procs.items() if n != "frontend"]

@@ -14,8 +14,10 @@ they share that prefix under the same model, adapter and extra salt (e.g. multim
 
 from __future__ import annotations
 
+import array
+import sys
 from collections.abc import Sequence
-from typing import NewType
+from typing import NewType, cast
 
 import numpy as np
 import xxhash
@@ -31,34 +33,51 @@ def root_hash(model: str, lora: str | None = None, extra: str | None = None) -> 
     return BlockHash(xxhash.xxh3_64_intdigest(salt, 0))
 
 
+def token_bytes(token_ids: Sequence[int] | np.ndarray | bytes) -> bytes:
+    """``b(tokens)``: the token ids as little-endian uint32 bytes (``bytes`` pass through as such).
+
+    A list goes through ``array.array``, about five times faster than numpy's conversion of a list."""
+    if isinstance(token_ids, bytes):
+        return token_ids
+    if isinstance(token_ids, np.ndarray):
+        return token_ids.astype("<u4", copy=False).tobytes()
+    packed = array.array("I", token_ids)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
 def block_hashes(
-    token_ids: Sequence[int] | np.ndarray,
+    token_ids: Sequence[int] | np.ndarray | bytes,
     block_size: int,
     root: int,
     *,
     start_block: int = 0,
     parent: int | None = None,
 ) -> list[BlockHash]:
-    """Chained hashes of the full blocks of ``token_ids``.
+    """Chained hashes of the full blocks of ``token_ids`` (or of their :func:`token_bytes`).
 
     ``start_block``/``parent`` continue an existing chain: hash blocks from ``start_block`` on,
     with ``parent`` the hash of block ``start_block - 1`` (``root`` when ``start_block`` is 0).
+
+    The chain is sequential by construction (each hash seeds the next), so the loop stays in
+    Python; it does the least per block: one slice of one ``bytes`` and one xxh3 call (no
+    per-block wrapper objects; ``BlockHash`` is a plain ``int`` at run time).
     """
     if block_size <= 0:
         raise ValueError("block_size must be positive")
-    tokens = np.asarray(token_ids, dtype=np.uint32)
-    n_blocks = len(tokens) // block_size
-    if start_block >= n_blocks:
-        return []
-    data = tokens[: n_blocks * block_size].astype("<u4", copy=False).tobytes()
-    step = block_size * 4
-    h = root if start_block == 0 or parent is None else parent
     if start_block > 0 and parent is None:
         raise ValueError("parent is required when start_block > 0")
-    out: list[BlockHash] = []
+    data = token_bytes(token_ids)
+    step = block_size * 4
+    n_blocks = len(data) // step
+    if start_block >= n_blocks:
+        return []
+    h = root if start_block == 0 or parent is None else parent
     digest = xxhash.xxh3_64_intdigest
-    view = memoryview(data)
-    for i in range(start_block, n_blocks):
-        h = digest(view[i * step : (i + 1) * step], h)
-        out.append(BlockHash(h))
-    return out
+    out = []
+    append = out.append
+    for block in [data[i:i + step] for i in range(start_block * step, n_blocks * step, step)]:
+        h = digest(block, h)
+        append(h)
+    return cast(list[BlockHash], out)

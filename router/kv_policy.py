@@ -22,10 +22,10 @@ when the worker is picked again or at the reaper's next sweep (router.reaper), w
 
 from __future__ import annotations
 
-import array
 import asyncio
 import functools
 import logging
+import operator
 import random
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -36,23 +36,16 @@ import redis.asyncio as aioredis
 from core.errors import NoWorkerAvailable
 from core.keys import Keys
 from core.settings import RouterSettings
-from router.hashing import block_hashes, root_hash
+from router.hashing import block_hashes, root_hash, token_bytes
 from router.inflight import Candidates, InflightStore
 from router.policies import RouteDecision, RouteRequest
 from router.prefix_index import PrefixIndex, owner_tag
 from router.registry import LiveWorker, WorkerRecord
-from router.scoring import CostTerms, cost_terms, evaluate, pick_index, prompt_blocks
+from router.scoring import CostTerms, cost_terms, evaluate, pick_index
 
 log = logging.getLogger(__name__)
 
 _root_hash = functools.lru_cache(maxsize=1024)(root_hash)
-
-
-def as_token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Token ids as a uint32 array (array.array converts a list about three times faster than numpy)."""
-    if isinstance(token_ids, np.ndarray):
-        return token_ids.astype(np.uint32, copy=False)
-    return np.frombuffer(array.array("I", token_ids), dtype=np.uint32)
 
 
 def publishes_kv_events(record: WorkerRecord) -> bool:
@@ -61,13 +54,35 @@ def publishes_kv_events(record: WorkerRecord) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerTable:
+    """The per-worker columns of one candidate list (aligned with it), built once and reused while the
+    caller passes the same worker objects (the frontend's directory hands out one list per registry
+    snapshot), so a decision does no per-worker Python work. ``indexed``: the candidates with a slot;
+    ``tags``: their expected owner tags; ``approx_cap`` > 0: approximate mode, at most that many guesses."""
+
+    workers: tuple[LiveWorker, ...]
+    ids: list[str]
+    slots: np.ndarray
+    sizes: np.ndarray
+    block_sizes: list[int]
+    chain_no: np.ndarray
+    indexed: np.ndarray
+    tags: np.ndarray
+    active: np.ndarray
+    approx_cap: np.ndarray
+    position: dict[str, int]
+
+    def same_workers(self, workers: Sequence[LiveWorker]) -> bool:
+        return len(workers) == len(self.workers) and all(map(operator.is_, workers, self.workers))
+
+
+@dataclass(frozen=True, slots=True)
 class Scored:
     """A scored request: per candidate worker (aligned arrays, in the order given) what the decision needs."""
 
     workers: Sequence[LiveWorker]
+    table: WorkerTable
     chains: list[list[int]]
-    chain_no: np.ndarray
-    slots: np.ndarray
     prompt: np.ndarray
     overlap: np.ndarray
     terms: CostTerms
@@ -87,6 +102,7 @@ class KvPolicy:
         self.inflight = InflightStore(client, keys, settings.inflight_ttl_s)
         self._rng = rng or random.Random()
         self._model_of: dict[str, str] = {}
+        self._tables: dict[str, WorkerTable] = {}
         self._tasks: set[asyncio.Task[bool]] = set()
 
     def _approximate(self, worker: LiveWorker) -> bool:
@@ -141,51 +157,65 @@ class KvPolicy:
             log.warning("releasing a routing prediction failed: %s", task.exception())
 
     # ---- the steps ------------------------------------------------------------------------------
-    async def _score(self, request: RouteRequest, workers: Sequence[LiveWorker], *, with_sums: bool) -> Scored:
-        if not workers:
-            raise NoWorkerAvailable(f"no live worker serves model {request.model!r}")
-        over = request.overrides
+    def _table(self, model: str, workers: Sequence[LiveWorker]) -> WorkerTable:
+        table = self._tables.get(model)
+        if table is not None and table.same_workers(workers):
+            return table
         n = len(workers)
         records = [w.record for w in workers]
         slots = np.fromiter((r.slot for r in records), dtype=np.int64, count=n)
         sizes = np.fromiter((r.block_size for r in records), dtype=np.int64, count=n)
-        tokens = as_token_array(request.token_ids)
-        root = _root_hash(request.model, request.lora)
-        distinct = sorted(set(sizes.tolist()))
-        chains = [block_hashes(tokens, bs, root) for bs in distinct]
-        chain_no = np.searchsorted(distinct, sizes)
+        block_sizes = sorted(set(sizes.tolist()))
         indexed = np.flatnonzero(slots >= 0)
-        read = await self.index.read(request.model, chains, slots[indexed], with_sums=with_sums)
+        cap_limit = self.settings.approx_max_blocks
+        caps = np.array([min(cap_limit, w.record.kv_blocks or cap_limit) if self._approximate(w) else 0
+                         for w in workers], dtype=np.int64)
+        caps[slots < 0] = 0
+        ids = [r.worker_id for r in records]
+        table = WorkerTable(
+            workers=tuple(workers), ids=ids, slots=slots, sizes=sizes, block_sizes=block_sizes,
+            chain_no=np.searchsorted(block_sizes, sizes), indexed=indexed,
+            tags=np.fromiter((owner_tag(ids[i]) for i in indexed), np.int64, count=indexed.size),
+            active=np.fromiter((w.load.active_blocks for w in workers), dtype=np.int64, count=n),
+            approx_cap=caps, position={wid: i for i, wid in reversed(list(enumerate(ids)))})
+        self._tables[model] = table
+        return table
+
+    async def _score(self, request: RouteRequest, workers: Sequence[LiveWorker], *, with_sums: bool) -> Scored:
+        if not workers:
+            raise NoWorkerAvailable(f"no live worker serves model {request.model!r}")
+        over = request.overrides
+        table = self._table(request.model, workers)
+        n = len(workers)
+        tokens = token_bytes(request.token_ids)
+        root = _root_hash(request.model, request.lora)
+        chains = [block_hashes(tokens, bs, root) for bs in table.block_sizes]
+        indexed = table.indexed
+        read = await self.index.read(request.model, chains, table.slots[indexed], with_sums=with_sums)
         overlap = np.zeros(n, dtype=np.int64)
         decode = np.zeros(n, dtype=np.int64)
         prefill = np.zeros(n, dtype=np.int64)
         if indexed.size:
             # Bits at a slot count only while the index says the slot is this worker's (not a gone one's).
-            mine = read.tags == np.fromiter((owner_tag(records[i].worker_id) for i in indexed), np.int64,
-                                            count=indexed.size)
-            held = np.stack(read.overlaps)[chain_no[indexed], np.arange(indexed.size)]
-            overlap[indexed] = np.where(mine, held, 0)
+            held = read.overlaps[0] if len(chains) == 1 else \
+                np.stack(read.overlaps)[table.chain_no[indexed], np.arange(indexed.size)]
+            overlap[indexed] = np.where(read.tags == table.tags, held, 0)
             decode[indexed], prefill[indexed] = read.decode, read.prefill
-        prompt = prompt_blocks(tokens.size, sizes)
+        prompt = -(-(len(tokens) // 4) // table.sizes)
         weight = self.settings.overlap_score_weight if over.overlap_score_weight is None else over.overlap_score_weight
-        active = np.fromiter((w.load.active_blocks for w in workers), dtype=np.int64, count=n)
         return Scored(
-            workers=workers, chains=chains, chain_no=chain_no, slots=slots, prompt=prompt, overlap=overlap,
-            terms=cost_terms(prompt, overlap, active, sizes, weight=weight),
+            workers=workers, table=table, chains=chains, prompt=prompt, overlap=overlap,
+            terms=cost_terms(prompt, overlap, table.active, table.sizes, weight=weight),
             temperature=self.settings.temperature if over.temperature is None else over.temperature,
-            pinned=next((i for i, r in enumerate(records) if r.worker_id == over.worker_id), None)
-            if over.worker_id else None,
+            pinned=table.position.get(over.worker_id) if over.worker_id else None,
             decode=decode, prefill=prefill,
         )
 
-    def _candidates(self, s: Scored) -> Candidates:
-        cap_limit = self.settings.approx_max_blocks
-        caps = np.array([min(cap_limit, w.record.kv_blocks or cap_limit) if self._approximate(w) else 0
-                         for w in s.workers], dtype=np.int64)
-        caps[s.slots < 0] = 0
-        return Candidates(worker_ids=[w.record.worker_id for w in s.workers], slots=s.slots,
-                          decode_blocks=s.prompt, prefill_blocks=s.prompt - s.overlap, chain=s.chain_no,
-                          approx_cap=caps)
+    @staticmethod
+    def _candidates(s: Scored) -> Candidates:
+        t = s.table
+        return Candidates(worker_ids=t.ids, slots=t.slots, decode_blocks=s.prompt, prefill_blocks=s.prompt - s.overlap,
+                          chain=t.chain_no, approx_cap=t.approx_cap)
 
     @staticmethod
     def _decision(s: Scored, idx: int, cost: float) -> RouteDecision:

@@ -68,6 +68,12 @@ def owner_tag(worker_id: str) -> int:
     return xxhash.xxh32_intdigest(worker_id.encode()) or 1
 
 
+@functools.lru_cache(maxsize=4096)
+def _getrange(key: str, length: int) -> bytes:
+    """``GETRANGE key 0 length-1``, packed."""
+    return pack_command("GETRANGE", key, 0, length - 1)
+
+
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What :meth:`PrefixIndex.apply` did. ``status``: ``ok`` applied; ``dup`` the batch was applied
@@ -229,9 +235,9 @@ class PrefixIndex:
         top = int(slot_arr.max()) + 1 if slot_arr.size else 1
         prefix = self.keys.kv_block_prefix(model).encode()
         packed = [pack_mget(prefix, chain) for chain in chains if chain]
-        packed.append(pack_command("GETRANGE", self.keys.kv_slot_tags, 0, 4 * top - 1))
+        packed.append(_getrange(self.keys.kv_slot_tags, 4 * top))
         if with_sums:
-            packed.append(pack_command("GETRANGE", self.keys.router_inflight(model), 0, 8 * top - 1))
+            packed.append(_getrange(self.keys.router_inflight(model), 8 * top))
         replies = await roundtrip(self.client, b"".join(packed), len(packed))
         overlaps = []
         it = iter(replies)
@@ -240,8 +246,11 @@ class PrefixIndex:
                 overlaps.append(np.zeros(slot_arr.size, dtype=np.int64))
                 continue
             values = next(it)
-            held = values.index(None) if None in values else len(values)
-            overlaps.append(leading_overlaps(values[:held], slot_arr))
+            try:
+                values = values[: values.index(None)]  # the chain stops at the first block nobody holds
+            except ValueError:
+                pass
+            overlaps.append(leading_overlaps(values, slot_arr))
         tags = _uint32_at(next(it), slot_arr)
         if with_sums:
             sums = next(it)

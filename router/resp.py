@@ -3,12 +3,14 @@ one place that skips redis-py's command packer.
 
 Packing an ``MGET`` of 512 keys, or a script call with one argument per worker, through the client
 costs more than Redis takes to answer it; the keys of a block chain all have the same length, so numpy
-lays the whole command out at once. The packed commands go out on a pooled connection in one write,
-and the replies come back through the client's own parser. Everything else uses the client normally.
+lays the whole command out at once (from a cached template of the constant bytes). The packed
+commands go out on a pooled connection in one write, and the replies come back through the client's
+own parser. Everything else uses the client normally.
 """
 
 from __future__ import annotations
 
+import binascii
 import functools
 import hashlib
 import struct
@@ -40,17 +42,32 @@ def pack_command(*args: bytes | str | int) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join([_bulk(a) for a in args])
 
 
-def pack_mget(prefix: bytes, block_hashes: Sequence[int]) -> bytes:
-    """``MGET`` of ``prefix`` + the 16 hex digits of each hash (``Keys.kv_block``), in RESP."""
-    n = len(block_hashes)
+def hex_digits(block_hashes: Sequence[int]) -> bytes:
+    """16 lowercase hex digits per hash, big-endian (the block key suffix of ``Keys.kv_block``)."""
+    return binascii.hexlify(struct.pack(f">{len(block_hashes)}Q", *block_hashes))
+
+
+@functools.lru_cache(maxsize=64)
+def _mget_rows(prefix: bytes, capacity: int) -> np.ndarray:
+    """``capacity`` rows of ``$len\\r\\n{prefix}{16 hex digits}\\r\\n`` with the digits left blank."""
     head = b"$%d\r\n%s" % (len(prefix) + 16, prefix)
-    row = len(head) + 18
-    hexes = np.frombuffer(struct.pack(f">{n}Q", *block_hashes).hex().encode(), dtype=np.uint8)
-    out = np.empty((n, row), dtype=np.uint8)
-    out[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
-    out[:, len(head): len(head) + 16] = hexes.reshape(n, 16)
-    out[:, -2] = 13
-    out[:, -1] = 10
+    rows = np.empty((capacity, len(head) + 18), dtype=np.uint8)
+    rows[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
+    rows[:, -2] = 13
+    rows[:, -1] = 10
+    rows.flags.writeable = False
+    return rows
+
+
+def pack_mget(prefix: bytes, block_hashes: Sequence[int], hexes: bytes | None = None) -> bytes:
+    """``MGET`` of ``prefix`` + the 16 hex digits of each hash (``Keys.kv_block``), in RESP.
+    ``hexes``: the hashes' :func:`hex_digits`, when the caller has them already."""
+    n = len(block_hashes)
+    digits = hex_digits(block_hashes) if hexes is None else hexes
+    template = _mget_rows(prefix, 1 << max(n - 1, 0).bit_length())
+    out = template[:n].copy()
+    at = template.shape[1] - 18
+    out[:, at: at + 16] = np.frombuffer(digits, dtype=np.uint8).reshape(n, 16)
     return b"*%d\r\n$4\r\nMGET\r\n" % (n + 1) + out.tobytes()
 
 

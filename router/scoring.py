@@ -18,6 +18,8 @@ sizes comparable (in blocks of the smallest size); it is 1 when all sizes agree.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,26 +33,36 @@ def leading_overlaps(bitmaps: Sequence[bytes], slots: Sequence[int] | np.ndarray
     ``0x80 >> (s % 8)`` of byte ``s // 8``, and bytes past its end read as zero. The list stops at
     the first block nobody holds, so a slot holding every bitmap has overlap = ``len(bitmaps)``.
 
-    Vectorized: the bitmaps are laid out as rows of a fixed width (joined with zero padding), ANDed
-    cumulatively down the chain; a bit's overlap is the row where it drops out (each bit drops once)."""
+    Consecutive blocks of a prompt are almost always held by the same workers, so only the blocks
+    where the bitmap changes are looked at: the bits still held (ANDed down the chain, as one
+    Python int) can only drop out there, and a bit that drops out at block ``i`` has overlap ``i``.
+    The cost is one comparison per block plus a few numpy calls, whatever the number of slots."""
     slot_arr = np.asarray(slots, dtype=np.int64)
     n = len(bitmaps)
     if n == 0 or slot_arr.size == 0:
         return np.zeros(slot_arr.size, dtype=np.int64)
     width = int(slot_arr.max()) // 8 + 1
-    pad = bytes(width)
-    lengths = np.fromiter(map(len, bitmaps), dtype=np.int64, count=n)
-    joined = np.frombuffer(pad.join(bitmaps) + pad, dtype=np.uint8)
-    starts = np.cumsum(lengths) - lengths + np.arange(n) * width
-    rows = joined[starts[:, None] + np.arange(width)[None, :]]
-    held = np.bitwise_and.accumulate(rows, axis=0)
-    counts = np.zeros(width * 8, dtype=np.int64)
-    counts[np.unpackbits(held[-1]).view(bool)] = n
-    dropped = held[:-1] & ~held[1:]
-    at = np.flatnonzero(dropped.any(axis=1))
-    if at.size:
-        row, bit = np.nonzero(np.unpackbits(dropped[at], axis=1))
-        counts[bit] = at[row] + 1
+    changes = [0]
+    if bitmaps.count(bitmaps[0]) != n:
+        changes += itertools.compress(range(1, n), map(operator.ne, bitmaps[1:], bitmaps))
+    held = (1 << (8 * width)) - 1
+    gone_rows: list[bytes] = []
+    gone_at: list[int] = []
+    for i in changes:
+        row = bitmaps[i][:width]
+        bits = int.from_bytes(row, "big") << (8 * (width - len(row)))
+        gone = held & ~bits
+        if gone:
+            gone_rows.append(gone.to_bytes(width, "big"))
+            gone_at.append(i)
+            held &= bits
+            if not held:
+                break
+    counts = np.full(8 * width, n, dtype=np.int64)
+    if gone_rows:
+        dropped = np.unpackbits(np.frombuffer(b"".join(gone_rows), dtype=np.uint8).reshape(-1, width), axis=1)
+        first = dropped.argmax(axis=0)  # each bit drops out at most once
+        counts = np.where(dropped.any(axis=0), np.asarray(gone_at, dtype=np.int64)[first], counts)
     return counts[slot_arr]
 
 

@@ -183,3 +183,20 @@ def final_delta(watcher: redis.client.PubSub, request_id: str, timeout: float = 
             if delta.request_id == request_id and delta.is_last:
                 return delta
     return None
+
+
+def read_then_disconnect(base_url: str, body: dict, events: int = 4, headers: dict[str, str] | None = None) -> str:
+    """Open a streaming chat completion, read ``events`` data events, then hang up like a client
+    that went away; returns the request id (the chunk id without its ``chatcmpl-`` prefix)."""
+    import orjson
+
+    request_id, seen = "", 0
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=30, headers=headers) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                request_id = orjson.loads(line[6:])["id"].removeprefix("chatcmpl-")
+                seen += 1
+                if seen == events:
+                    break
+    return request_id

@@ -54,15 +54,18 @@ async def _stream(gen: Generation, model: str, include_usage: bool):  # type: ig
     def chunk(delta: Delta, finish: str | None = None) -> bytes:
         return sse_event(encode(ChatCompletionChunk(cid, created, model, [ChunkChoice(0, delta, finish)])))
 
+    # Events that are ready together go out in one write: the role chunk with the first text, and
+    # the finish chunk, usage and [DONE] at the end (each write is a send on the socket).
+    head = chunk(Delta(role="assistant", content=""))
     async with gen:
         try:
-            yield chunk(Delta(role="assistant", content=""))
             async for text in gen.text():
-                yield chunk(Delta(content=text))
-            yield chunk(Delta(), gen.finish_reason)
+                yield head + chunk(Delta(content=text))
+                head = b""
+            tail = head + chunk(Delta(), gen.finish_reason)
             if include_usage:
-                yield sse_event(encode(ChatCompletionChunk(cid, created, model, [], usage=make_usage(
+                tail += sse_event(encode(ChatCompletionChunk(cid, created, model, [], usage=make_usage(
                     gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens))))
         except SluiceError as exc:
-            yield sse_event(error_payload(exc))
-        yield DONE
+            tail = head + sse_event(error_payload(exc))
+        yield tail + DONE

@@ -51,16 +51,16 @@ async def _stream(gen: Generation, model: str, include_usage: bool, echo: str): 
     def chunk(text: str, finish: str | None = None) -> bytes:
         return sse_event(encode(Completion(cid, created, model, [CompletionChoice(0, text, finish)])))
 
+    head = chunk(echo) if echo else b""  # sent with the first text (one write), as in chat.py
     async with gen:
         try:
-            if echo:
-                yield chunk(echo)
             async for text in gen.text():
-                yield chunk(text)
-            yield chunk("", gen.finish_reason)
+                yield head + chunk(text)
+                head = b""
+            tail = head + chunk("", gen.finish_reason)
             if include_usage:
-                yield sse_event(encode(Completion(cid, created, model, [], usage=make_usage(
+                tail += sse_event(encode(Completion(cid, created, model, [], usage=make_usage(
                     gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens))))
         except SluiceError as exc:
-            yield sse_event(error_payload(exc))
-        yield DONE
+            tail = head + sse_event(error_payload(exc))
+        yield tail + DONE

@@ -8,7 +8,7 @@ import httpx
 import orjson
 import redis
 
-from sluice.devstack import Stack, final_delta, wait_until
+from sluice.devstack import Stack, final_delta, read_then_disconnect, wait_until
 from tests.e2e.conftest import MODEL
 
 
@@ -18,16 +18,7 @@ def test_disconnect_aborts_generation_on_the_worker(stack: Stack, redis_server) 
     watcher.psubscribe(f"sluice:{stack.namespace}:tok:*")  # sees what the worker sends after we left
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story."}],
             "max_tokens": 4000, "stream": True}
-    with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=body, timeout=30,
-                      headers={"x-sluice-router": "worker_id=w2"}) as resp:
-        assert resp.status_code == 200
-        seen = 0
-        for line in resp.iter_lines():
-            if line.startswith("data: {"):
-                request_id = orjson.loads(line[6:])["id"].removeprefix("chatcmpl-")
-                seen += 1
-                if seen == 4:
-                    break
+    request_id = read_then_disconnect(stack.base_url, body, headers={"x-sluice-router": "worker_id=w2"})
     closed_at = time.monotonic()
     final = final_delta(watcher, request_id)
     abort_latency = time.monotonic() - closed_at

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from router.hashing import block_hashes, root_hash
+from router.hashing import block_hashes, root_hash, token_bytes
 
 
 def test_root_hash_pinned() -> None:
@@ -65,3 +65,14 @@ def test_continuing_a_chain_matches_hashing_it_whole() -> None:
         block_hashes(tokens, 4, root, start_block=2)
     with pytest.raises(ValueError):
         block_hashes(tokens, 0, root)
+
+
+def test_token_ids_as_list_array_or_bytes_hash_alike() -> None:
+    root = root_hash("m")
+    tokens = [7, 70000, 3, 2**32 - 1, 5, 6, 7, 8, 9]
+    packed = token_bytes(tokens)
+    assert packed == struct.pack("<9I", *tokens)
+    assert token_bytes(np.array(tokens, dtype=np.int64)) == packed
+    assert block_hashes(packed, 4, root) == block_hashes(tokens, 4, root) == block_hashes(np.array(tokens), 4, root)
+    assert block_hashes(packed, 4, root, start_block=1, parent=block_hashes(tokens, 4, root)[0]) == \
+        block_hashes(tokens, 4, root)[1:]

@@ -10,6 +10,7 @@ from core.keys import Keys
 from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch, decode_kv_batch
 from router import prefix_index
 from router.prefix_index import PrefixIndex, owner_tag
+from router.resp import pack_command, pack_mget
 from sluice.devstack import RedisServer
 from tests.router.factories import RoundTripCounter
 
@@ -174,3 +175,10 @@ async def test_resync_after_redis_restart(redis_server: RedisServer, keys: Keys)
         assert await index.overlaps("m", [1, 2, 3, 4], [0]) == {0: 4}
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("n", [1, 3, 512, 513])
+def test_pack_mget_is_the_plain_command(keys: Keys, n: int) -> None:
+    hashes = [(0x9E3779B97F4A7C15 * (i + 1)) % 2**64 for i in range(n)]
+    expected = pack_command("MGET", *(keys.kv_block("m", h) for h in hashes))
+    assert pack_mget(keys.kv_block_prefix("m").encode(), hashes) == expected

@@ -142,3 +142,10 @@ def test_leading_overlaps_matches_a_plain_loop() -> None:
             return count
 
         assert leading_overlaps(rows, slots).tolist() == [naive(s) for s in slots]
+
+
+def test_leading_overlaps_long_runs_of_equal_bitmaps() -> None:
+    # Distinct bytes objects with equal contents (as Redis replies are), runs of identical rows.
+    rows = [bytes(_bitmap({0, 3, 9}, 2)) for _ in range(300)] + [bytes(_bitmap({3, 9}, 2)) for _ in range(200)] \
+        + [bytes(_bitmap({9}, 3)) for _ in range(5)]
+    assert leading_overlaps(rows, [0, 3, 9, 5, 40]).tolist() == [300, 500, 505, 0, 0]
