@@ -169,9 +169,10 @@ def start_sluice(model_dir: Path, cfg: EngineConfig) -> Server:
 
 
 def median_row(rows: list[dict]) -> dict:
-    """The round with the median throughput (a whole measured row, not a mix of rounds)."""
+    """The round with the median throughput (a whole measured row, not a mix of rounds), with every
+    round's rows kept for the paired comparison."""
     ranked = sorted(rows, key=lambda r: r["tokens_per_s"])
-    return {**ranked[len(ranked) // 2], "rounds": [r["tokens_per_s"] for r in rows]}
+    return {**ranked[len(ranked) // 2], "rounds": [r["tokens_per_s"] for r in rows], "round_rows": rows}
 
 
 def run_all(model_dir: Path, cfg: EngineConfig, args: argparse.Namespace) -> dict[str, list[dict]]:
@@ -207,14 +208,20 @@ def _fmt(v: float | None, spec: str = ".1f") -> str:
 
 
 def ratios(sluice: list[dict], vllm: list[dict]) -> list[dict]:
+    """Sluice against vLLM round by round (the two ran back to back, so machine load hits both alike),
+    then the median over rounds of each paired ratio or difference."""
     out = []
     for s, v in zip(sluice, vllm, strict=True):
+        pairs = list(zip(s["round_rows"], v["round_rows"], strict=True))
+        through = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs if b["tokens_per_s"]]
+        ttft = [a["ttft_ms_p50"] - b["ttft_ms_p50"] for a, b in pairs
+                if a["ttft_ms_p50"] is not None and b["ttft_ms_p50"] is not None]
+        itl = [a["itl_ms_p50"] / b["itl_ms_p50"] for a, b in pairs if a["itl_ms_p50"] and b["itl_ms_p50"]]
         out.append({
             "concurrency": s["concurrency"],
-            "throughput_ratio": s["tokens_per_s"] / v["tokens_per_s"] if v["tokens_per_s"] else None,
-            "ttft_p50_delta_ms": (s["ttft_ms_p50"] - v["ttft_ms_p50"])
-            if s["ttft_ms_p50"] is not None and v["ttft_ms_p50"] is not None else None,
-            "itl_p50_ratio": s["itl_ms_p50"] / v["itl_ms_p50"] if s["itl_ms_p50"] and v["itl_ms_p50"] else None,
+            "throughput_ratio": pct(through, 50), "throughput_ratio_rounds": through,
+            "ttft_p50_delta_ms": pct(ttft, 50), "ttft_p50_delta_ms_rounds": ttft,
+            "itl_p50_ratio": pct(itl, 50),
         })
     return out
 
@@ -235,6 +242,11 @@ def print_table(results: dict[str, list[dict]], compared: list[dict]) -> None:
                       style="bold")
     console = Console(width=max(Console().width, 132))
     console.print(table)
+    console.print("Sluice/vLLM rows: median over rounds of the paired (same-round) ratio or difference")
+    for c in compared:
+        console.print(f"  c={c['concurrency']}: throughput ratio per round "
+                      f"{', '.join(f'{x:.3f}' for x in c['throughput_ratio_rounds'])}; TTFT p50 delta per round "
+                      f"{', '.join(f'{x:+.1f}' for x in c['ttft_p50_delta_ms_rounds'])} ms")
     console.print("targets: throughput >= 0.95x, TTFT p50 <= +10 ms")
 
 
