@@ -235,6 +235,7 @@ def test_installed_file_ignores_missing_distributions() -> None:
 # --- with transformers (the vLLM environment) ---------------------------------------------------
 
 
+@pytest.mark.vllm
 @pytest.mark.skipif(not _has("transformers"), reason="transformers is not installed")
 def test_tokenizer_matches_transformers_gguf_tokenizer(shared_tokenizer_dir: Path, gguf_path: Path) -> None:
     from transformers import AutoTokenizer

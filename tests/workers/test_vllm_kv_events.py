@@ -125,6 +125,7 @@ def test_decode_batch_reads_the_published_wire_format() -> None:
     assert events[0] == WireBlockStored(block_hashes=[11], token_ids=PROMPT[:B], block_size=B, medium="GPU")
 
 
+@pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_decode_batch_reads_vllms_own_encoding() -> None:
     from vllm.distributed import kv_events as v
