@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from app.directory import WorkerDirectory
 from app.enqueue import Enqueuer
 from app.metrics import FrontendMetrics
 from app.streams import StreamHub
+from core.background import BackgroundTasks
 from core.errors import InvalidRequest
 from core.keys import Keys
 from core.settings import Settings
@@ -25,8 +25,6 @@ from router.kv_policy import KvPolicy
 from router.policies import LeastLoadedPolicy, Policy, PoolPolicy, RandomPolicy, RoundRobinPolicy
 from router.reaper import run_reaper
 from router.registry import Registry
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,7 +49,7 @@ class FrontendRuntime:
         self.policies: dict[str, Policy] = self._make_policies()
         self.accounts = Accounts(s, self.redis, self.keys)
         await self.accounts.start()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._background = BackgroundTasks("background task")
         self._reaper = asyncio.get_running_loop().create_task(
             run_reaper(self.registry, self.kv_policy.index, s.router.reaper_interval_s), name="kv-reaper")
 
@@ -79,14 +77,7 @@ class FrontendRuntime:
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run a fire-and-forget coroutine, keeping a reference until it ends and logging failures."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("background task failed: %r", task.exception())
+        self._background.spawn(coro)
 
     async def close(self) -> None:
         self._reaper.cancel()
@@ -95,7 +86,6 @@ class FrontendRuntime:
         await self.accounts.close()
         await self.directory.close()
         await self.hub.close()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._background.drain()
         await self.kv_policy.flush()
         await self.redis.aclose()

@@ -22,17 +22,17 @@ when the worker is picked again or at the reaper's next sweep (router.reaper), w
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import operator
 import random
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import redis.asyncio as aioredis
 
+from core.background import BackgroundTasks
 from core.errors import NoWorkerAvailable
 from core.keys import Keys
 from core.settings import RouterSettings
@@ -103,7 +103,7 @@ class KvPolicy:
         self._rng = rng or random.Random()
         self._model_of: dict[str, str] = {}
         self._tables: dict[str, WorkerTable] = {}
-        self._tasks: set[asyncio.Task[bool]] = set()
+        self._background = BackgroundTasks("releasing a routing prediction")
 
     def _approximate(self, worker: LiveWorker) -> bool:
         return self.settings.approximate or not publishes_kv_events(worker.record)
@@ -133,28 +133,17 @@ class KvPolicy:
         """The request finished: drop its prediction (in the background; see :meth:`flush`)."""
         model = self._model_of.pop(request_id, None)
         if model is not None:
-            self._spawn(self.inflight.release(model, request_id))
+            self._background.spawn(self.inflight.release(model, request_id))
 
     def prefill_done(self, request_id: str) -> None:
         """The request's first token is out: its prompt no longer counts as queued prefill."""
         model = self._model_of.get(request_id)
         if model is not None:
-            self._spawn(self.inflight.prefill_done(model, request_id))
+            self._background.spawn(self.inflight.prefill_done(model, request_id))
 
     async def flush(self) -> None:
         """Wait for the background releases to reach Redis (tests, shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-    def _spawn(self, coro: Coroutine[None, None, bool]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[bool]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("releasing a routing prediction failed: %s", task.exception())
+        await self._background.drain()
 
     # ---- the steps ------------------------------------------------------------------------------
     def _table(self, model: str, workers: Sequence[LiveWorker]) -> WorkerTable:
