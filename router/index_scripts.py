@@ -1,9 +1,10 @@
 """Lua scripts behind the prefix index (router.prefix_index) and the routers' shared in-flight
 predictions (router.inflight). Each runs atomically inside Redis: one call is one consistent step.
 
-Only writers use scripts. The routing read is a plain pipelined ``MGET``/``GETRANGE``: measured on
-Redis 7.0, a script walking the chain costs about 1 µs of Redis time per block (a Lua-to-Redis call
-each), ten times what ``MGET`` needs for the same keys, and Redis time is what every frontend shares.
+A routing decision (``DECIDE``) reads the prompt's bitmaps with ONE ``MGET`` from inside the script,
+the block keys passed as KEYS (built by numpy in the router): a script calling ``GET`` per block costs
+about 1 µs of Redis time per block, ten times one ``MGET`` of the same keys, and Redis time is what
+every frontend shares. The standalone router's read-only query is a plain pipelined ``MGET``/``GETRANGE``.
 
 Conventions shared by every script:
 
@@ -210,18 +211,22 @@ for j = 1, #KEYS, 2 do n = n + expire_guesses(KEYS[j], KEYS[j + 1], now, limit) 
 return n
 """
 
-#: Decides and records a routing decision in one atomic step, so routers deciding at the same moment
-#: take turns: each decision sees every prediction recorded before it.
+#: Scores, decides and records a routing decision in one atomic step (ONE round trip per decision):
+#: reads the prompt's block bitmaps and the slot owner tags, finds each candidate's leading overlap,
+#: reads the in-flight sums, computes the costs, picks and records the prediction. Routers deciding at
+#: the same moment take turns: each decision sees every prediction recorded before it.
 #: KEYS: in-flight sums, in-flight requests, in-flight expiry, slot owners, slot tags, then for every
 #: candidate in approximate mode its approx zset and its meta (in candidate order).
-#: ARGV: request_id, prediction ttl ms, u (uniform in [0, 1): ties and sampling), temperature, pinned
-#: candidate (1-based, 0 = none), cost terms (5 little-endian doubles per candidate: static, queued
-#: weight, decode weight, active blocks, slot), record terms (5 doubles per candidate: decode blocks,
-#: prefill blocks, approx cap (0: not approximate), chain number, owner tag), model, block key prefix,
-#: approx ttl ms, number of chains c, the c hex chains, then the candidates' worker ids.
-#: Cost of candidate i, in the same order of operations as router.scoring.evaluate:
-#:   static_i + queued_weight_i * prefill_sum_i + decode_weight_i * max(active_i, decode_sum_i)
-#: Returns {chosen (1-based), cost, approx status ('' | 'ok' | 'busy')}.
+#: ARGV: 1 request_id, 2 prediction ttl ms, 3 u (uniform in [0, 1): ties and sampling), 4 temperature,
+#: 5 pinned candidate (1-based, 0 = none), 6 overlap score weight, 7 candidate columns (6 little-endian
+#: doubles per candidate: slot, scale B_w/B_min, heartbeat active blocks, chain number (1-based), approx
+#: cap (0: not approximate), owner tag), 8 model, 9 block key prefix, 10 approx ttl ms, 11 number of
+#: chains c (one per distinct block size), then per chain the prompt's length in blocks (the partial last
+#: block included) and its hex chain (``hex_chain``), then the candidates' worker ids.
+#: The bitmaps are read in slices of READ_CHUNK blocks, up to the first block nobody holds.
+#: Cost of candidate i, in the same order of operations as router.scoring.evaluate (sw = scale * weight):
+#:   sw * (prompt - overlap) + sw * queued_sum + scale * max(active, decode_sum)
+#: Returns {chosen (1-based), cost, overlap of the chosen, approx status ('' | 'ok' | 'busy')}.
 DECIDE = _HELPERS + r"""
 
 local function undo(rid)
@@ -239,16 +244,74 @@ if #expired > 0 then call_chunked('ZREM', KEYS[3], expired) end
 local rid = ARGV[1]
 undo(rid)
 
-local terms, nchains = ARGV[6], tonumber(ARGV[11])
-local n = #terms / 40
+local READ_CHUNK = 64
+local cols, unpack_cols, band, rshift, floor = ARGV[7], struct.unpack, bit.band, bit.rshift, math.floor
+local n = #cols / 48
+local slot, scale, active, chain, cap, tag, overlap = {}, {}, {}, {}, {}, {}, {}
+for i = 1, n do
+  slot[i], scale[i], active[i], chain[i], cap[i], tag[i] = unpack_cols('<dddddd', cols, 48 * i - 47)
+  overlap[i] = 0
+end
+
+-- Overlaps: per chain, the candidates whose slot the index says is theirs start 'alive'; walking the
+-- chain's bitmaps, a candidate drops out at the first block without its bit. Consecutive blocks nearly
+-- always have the same holders, so only blocks whose bitmap differs from the previous one are looked at.
+local tags = redis.call('GET', KEYS[5]) or ''
+local prefix, nchains = ARGV[9], tonumber(ARGV[11])
+local prompt = {}
+for c = 1, nchains do
+  local hex = ARGV[11 + 2 * c]
+  local count = #hex / 16
+  prompt[c] = tonumber(ARGV[10 + 2 * c])
+  local alive = {}
+  for i = 1, n do
+    local s = slot[i]
+    if chain[i] == c and s >= 0 and #tags >= 4 * s + 4 and unpack_cols('>I4', tags, 4 * s + 1) == tag[i] then
+      alive[#alive + 1] = i
+    end
+  end
+  if count > 0 and #alive > 0 then
+    local held = count
+    local prev = nil
+    local b = 0
+    -- Read in slices, stopping after the first block nobody holds: the run cannot go past it, and a
+    -- missing key costs Redis more than a present one.
+    for a = 0, count - 1, READ_CHUNK do
+      local names = {}
+      for q = a, math.min(a + READ_CHUNK, count) - 1 do names[#names + 1] = prefix .. string.sub(hex, 16 * q + 1, 16 * q + 16) end
+      local part = redis.call('MGET', unpack(names))
+      for j = 1, #part do
+        local v = part[j]
+        b = b + 1
+        if not v then held = b - 1; break end
+        if v ~= prev then
+          local keep = {}
+          for _, i in ipairs(alive) do
+            local s = slot[i]
+            local byte = string.byte(v, floor(s / 8) + 1)
+            if byte and band(byte, rshift(128, s % 8)) ~= 0 then keep[#keep + 1] = i else overlap[i] = b - 1 end
+          end
+          alive = keep
+          if #alive == 0 then break end
+          prev = v
+        end
+      end
+      if #alive == 0 or held < count then break end
+    end
+    for _, i in ipairs(alive) do overlap[i] = held end
+  end
+end
+
+local weight = tonumber(ARGV[6])
 local sums = redis.call('GET', KEYS[1]) or ''
 local nsums = #sums
-local costs, low, unpack_terms, max = {}, math.huge, struct.unpack, math.max
+local costs, low, max = {}, math.huge, math.max
 for i = 1, n do
-  local static, qw, dw, active, slot = unpack_terms('<ddddd', terms, 40 * i - 39)
+  local s = slot[i]
   local dsum, psum = 0, 0
-  if slot >= 0 and nsums >= slot * 8 + 8 then dsum, psum = unpack_terms('>I4I4', sums, slot * 8 + 1) end
-  local c = static + qw * psum + dw * max(active, dsum)
+  if s >= 0 and nsums >= s * 8 + 8 then dsum, psum = unpack_cols('>I4I4', sums, s * 8 + 1) end
+  local sw = scale[i] * weight
+  local c = sw * (prompt[chain[i]] - overlap[i]) + sw * psum + scale[i] * max(active[i], dsum)
   costs[i] = c
   if c < low then low = c end
 end
@@ -268,39 +331,38 @@ if chosen == 0 then
   end
 end
 
-local wid = ARGV[11 + nchains + chosen]
-local slot = struct.unpack('<d', terms, 40 * chosen - 7)
-local d, p, cap, chain, tag = struct.unpack('<ddddd', ARGV[7], 40 * chosen - 39)
-redis.call('HSET', KEYS[2], rid, string.format('%d %d %d ', slot, d, p) .. wid)
-add_sums(KEYS[1], slot, d, p)
+local wid = ARGV[11 + 2 * nchains + chosen]
+local s, c = slot[chosen], chain[chosen]
+local d, p = prompt[c], prompt[c] - overlap[chosen]
+redis.call('HSET', KEYS[2], rid, string.format('%d %d %d ', s, d, p) .. wid)
+add_sums(KEYS[1], s, d, p)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), rid)
 local cost = string.format('%.17g', costs[chosen])
 
-if cap <= 0 then return {chosen, cost, ''} end
+if cap[chosen] <= 0 then return {chosen, cost, overlap[chosen], ''} end
 -- Approximate mode: the chosen worker is taken to cache the prompt's blocks from now on.
-local owner = redis.call('HGET', KEYS[4], slot)
-if owner and owner ~= wid then return {chosen, cost, 'busy'} end
+local owner = redis.call('HGET', KEYS[4], s)
+if owner and owner ~= wid then return {chosen, cost, overlap[chosen], 'busy'} end
 local approx_no = 0
 for i = 1, chosen do
-  if struct.unpack('<d', ARGV[7], 40 * i - 23) > 0 then approx_no = approx_no + 1 end
+  if cap[i] > 0 then approx_no = approx_no + 1 end
 end
 local zkey, mkey = KEYS[5 + 2 * approx_no - 1], KEYS[5 + 2 * approx_no]
 local old_slot = tonumber(redis.call('HGET', mkey, 'slot'))
-if old_slot and old_slot ~= slot then
+if old_slot and old_slot ~= s then
   -- The worker registered again under another slot: its guesses at the old one go.
   clear_worker(mkey, nil, zkey)
   unclaim(KEYS[4], KEYS[5], old_slot, wid)
 end
-if not owner then claim(KEYS[4], KEYS[5], slot, wid, tag) end
-local prefix = ARGV[9]
-redis.call('HSET', mkey, 'slot', slot, 'model', ARGV[8], 'bprefix', prefix)
+if not owner then claim(KEYS[4], KEYS[5], s, wid, tag[chosen]) end
+redis.call('HSET', mkey, 'slot', s, 'model', ARGV[8], 'bprefix', prefix)
 expire_guesses(zkey, mkey, now, 512)
-local hex, expiry = ARGV[12 + chain], now + tonumber(ARGV[10])
+local expiry, hex = now + tonumber(ARGV[10]), ARGV[11 + 2 * c]
 -- Deeper blocks get slightly earlier expiries, so the size cap evicts a chain from its tail.
 local args, k = {}, 0
 for q = 1, #hex, 16 do
   local h = string.sub(hex, q, q + 15)
-  redis.call('SETBIT', prefix .. h, slot, 1)
+  redis.call('SETBIT', prefix .. h, s, 1)
   args[#args + 1] = expiry - k / 1024
   args[#args + 1] = h
   k = k + 1
@@ -308,28 +370,37 @@ end
 for a = 1, #args, CHUNK do
   redis.call('ZADD', zkey, unpack(args, a, math.min(a + CHUNK - 1, #args)))
 end
-local over = redis.call('ZCARD', zkey) - cap
+local over = redis.call('ZCARD', zkey) - cap[chosen]
 if over > 0 then
   local popped = redis.call('ZPOPMIN', zkey, over)
-  for j = 1, #popped, 2 do clear(prefix .. popped[j], slot) end
+  for j = 1, #popped, 2 do clear(prefix .. popped[j], s) end
 end
-return {chosen, cost, 'ok'}
+return {chosen, cost, overlap[chosen], 'ok'}
 """
 
-#: KEYS: in-flight sums, in-flight requests, in-flight expiry. ARGV: request_id, 'all' (forget the
-#: prediction) or 'prefill' (its prefill is done: keep only its decode blocks). Returns 1 when found.
+#: KEYS: in-flight sums, in-flight requests, in-flight expiry. ARGV: pairs of request_id and 'all'
+#: (forget the prediction) or 'prefill' (its prefill is done: keep only its decode blocks), applied in
+#: order. Returns how many of them found their prediction.
 RELEASE = _HELPERS + r"""
-local rec = redis.call('HGET', KEYS[2], ARGV[1])
-if not rec then return 0 end
-local slot, d, p, w = string.match(rec, '^(%-?%d+) (%d+) (%d+) (.*)$')
-slot, d, p = tonumber(slot), tonumber(d), tonumber(p)
-if ARGV[2] == 'prefill' then
-  add_sums(KEYS[1], slot, 0, -p)
-  redis.call('HSET', KEYS[2], ARGV[1], string.format('%d %d 0 ', slot, d) .. w)
-  return 1
+local found = 0
+for a = 1, #ARGV, 2 do
+  local rid = ARGV[a]
+  local rec = redis.call('HGET', KEYS[2], rid)
+  if rec then
+    found = found + 1
+    local slot, d, p, w = string.match(rec, '^(%-?%d+) (%d+) (%d+) (.*)$')
+    slot, d, p = tonumber(slot), tonumber(d), tonumber(p)
+    if ARGV[a + 1] == 'prefill' then
+      if p ~= 0 then
+        add_sums(KEYS[1], slot, 0, -p)
+        redis.call('HSET', KEYS[2], rid, string.format('%d %d 0 ', slot, d) .. w)
+      end
+    else
+      add_sums(KEYS[1], slot, -d, -p)
+      redis.call('HDEL', KEYS[2], rid)
+      redis.call('ZREM', KEYS[3], rid)
+    end
+  end
 end
-add_sums(KEYS[1], slot, -d, -p)
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-return 1
+return found
 """

@@ -5,9 +5,9 @@ big-endian uint32 per worker slot, so a router reads every worker's sums with on
 same round trip as the bitmaps); a hash request_id -> its prediction; a sorted set of expiries, so
 the predictions of a frontend that died without releasing vanish after ``RouterSettings.inflight_ttl_s``.
 
-A decision is made and recorded in one atomic script call (:meth:`InflightStore.decide`): the router
-computes everything that does not depend on the sums (router.scoring.CostTerms), the script reads the
-current sums, finishes the costs, picks and records. Frontends routing at the same moment therefore
+A decision is scored, made and recorded in one atomic script call (:meth:`InflightStore.decide`): the
+router sends the prompt's hex chain and the candidates' columns; the script reads the bitmaps, the
+owner tags and the current sums, computes the costs, picks and records. Frontends routing at the same moment therefore
 take turns, each seeing every prediction recorded before its own, and cannot pile onto one worker.
 
 Sums are per slot: when a dead worker's slot is recycled, its unreleased predictions still count on
@@ -25,28 +25,32 @@ import redis.asyncio as aioredis
 from core.keys import Keys
 from router import index_scripts
 from router.prefix_index import hex_chain, owner_tag
-from router.resp import PackedScript
-from router.scoring import CostTerms
+from router.resp import PackedScript, pack_args
 
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
-    """The workers a decision may pick (aligned arrays) and the prediction recorded for the one picked:
-    ``decode_blocks``, ``prefill_blocks`` on its ``slot``. ``approx_cap`` > 0: approximate mode, the
-    prompt's blocks (chain number ``chain``, the one of its block size) become guesses, at most that many."""
+    """The workers a decision may pick, packed once per candidate list (the frontend reuses it while its
+    registry snapshot stands): the fixed keys of the call (sums, requests, expiry, slot owners, slot tags,
+    then an approx zset and meta per approximate candidate), the per-candidate columns the script
+    reads, and the worker ids. See ``index_scripts.DECIDE``."""
 
-    worker_ids: list[str]
-    slots: np.ndarray
-    decode_blocks: np.ndarray
-    prefill_blocks: np.ndarray
-    chain: np.ndarray
-    approx_cap: np.ndarray
+    count: int
+    n_keys: int
+    packed_keys: bytes
+    columns: bytes
+    packed_ids: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """``index`` into the candidates; ``cost`` and ``overlap`` (leading prompt blocks it holds) of that one;
+    ``approx_status``: '' (not approximate), 'ok' (guesses recorded) or 'busy' (its slot still holds
+    a gone worker's bits: no guesses recorded)."""
+
     index: int
     cost: float
+    overlap: int
     approx_status: str
 
 
@@ -62,44 +66,59 @@ class InflightStore:
         k = self.keys
         return [k.router_inflight(model), k.router_inflight_requests(model), k.router_inflight_expiry(model)]
 
+    def candidates(self, model: str, worker_ids: Sequence[str], slots: np.ndarray, scale: np.ndarray,
+                   active: np.ndarray, chain: np.ndarray, approx_cap: np.ndarray) -> Candidates:
+        """Pack a candidate list (aligned arrays): ``scale`` = B_w / B_min, ``active`` = heartbeat load,
+        ``chain`` = the number of the chain of its block size (0-based), ``approx_cap`` > 0: approximate
+        mode with at most that many guesses. Owner tags are derived from the ids."""
+        keys = [*self._keys(model), self.keys.kv_slot_owners, self.keys.kv_slot_tags]
+        for i in np.flatnonzero(approx_cap > 0):
+            keys += [self.keys.kv_worker_approx(worker_ids[i]), self.keys.kv_worker_meta(worker_ids[i])]
+        tags = np.fromiter((owner_tag(w) for w in worker_ids), dtype=np.float64, count=len(worker_ids))
+        columns = np.column_stack([slots, scale, active, np.asarray(chain) + 1, approx_cap, tags]).astype("<f8")
+        return Candidates(count=len(worker_ids), n_keys=len(keys), packed_keys=pack_args(*keys),
+                          columns=columns.tobytes(), packed_ids=pack_args(*worker_ids))
+
     async def decide(
         self,
         model: str,
         request_id: str,
         candidates: Candidates,
-        terms: CostTerms,
         chains: Sequence[Sequence[int]],
+        prompt_blocks: Sequence[int],
         *,
+        weight: float,
         temperature: float,
         u: float,
         pinned: int | None = None,
         approx_ttl_s: float = 0.0,
     ) -> Decision:
-        """Pick among ``candidates`` on the current sums (router.scoring.pick_index with ``u``, or
-        ``pinned``) and record the prediction, atomically. A prediction with the same request id
-        replaces the earlier one. ``chains`` (per block size) are needed only for approximate candidates."""
-        keys = [*self._keys(model), self.keys.kv_slot_owners, self.keys.kv_slot_tags]
-        approx = np.flatnonzero(candidates.approx_cap > 0)
-        tags = np.zeros(len(candidates.worker_ids), dtype=np.float64)
-        for i in approx:
-            wid = candidates.worker_ids[i]
-            keys += [self.keys.kv_worker_approx(wid), self.keys.kv_worker_meta(wid)]
-            tags[i] = owner_tag(wid)
-        cost_terms = np.column_stack([terms.static, terms.queued_weight, terms.decode_weight, terms.active,
-                                      candidates.slots]).astype("<f8").tobytes()
-        record_terms = np.column_stack([candidates.decode_blocks, candidates.prefill_blocks, candidates.approx_cap,
-                                        candidates.chain, tags]).astype("<f8").tobytes()
-        args = [request_id, self.ttl_ms, repr(float(u)), repr(float(temperature)),
-                0 if pinned is None else pinned + 1, cost_terms, record_terms, model,
-                self.keys.kv_block_prefix(model), int(approx_ttl_s * 1000), len(chains),
-                *(hex_chain(ch) for ch in chains), *candidates.worker_ids]
-        chosen, cost, approx = await self._decide(keys=keys, args=args)
-        return Decision(int(chosen) - 1, float(cost), approx.decode())
+        """Score the prompt's ``chains`` (one per distinct block size, in the candidates' chain
+        numbering; ``prompt_blocks`` the prompt's length in blocks of each) against the index, pick on the
+        current sums (router.scoring's costs and pick_index with ``u``, or ``pinned``) and record the
+        prediction: one atomic call, one round trip. A prediction with the same request id replaces the
+        earlier one."""
+        per_chain = [x for chain, blocks in zip(chains, prompt_blocks, strict=True) for x in (blocks, hex_chain(chain))]
+        args = pack_args(request_id, self.ttl_ms, repr(float(u)), repr(float(temperature)),
+                         0 if pinned is None else pinned + 1, repr(float(weight))) + \
+            b"$%d\r\n%s\r\n" % (len(candidates.columns), candidates.columns) + \
+            pack_args(model, self.keys.kv_block_prefix(model), int(approx_ttl_s * 1000), len(chains), *per_chain) + \
+            candidates.packed_ids
+        chosen, cost, overlap, approx = await self._decide.call_packed(
+            candidates.n_keys, candidates.packed_keys, 11 + len(per_chain) + candidates.count, args)
+        return Decision(int(chosen) - 1, float(cost), int(overlap), approx.decode())
 
     async def release(self, model: str, request_id: str) -> bool:
         """Forget the request's prediction (it finished). Returns whether there was one."""
-        return bool(await self._release(keys=self._keys(model), args=[request_id, "all"]))
+        return bool(await self.settle(model, [(request_id, "all")]))
 
     async def prefill_done(self, model: str, request_id: str) -> bool:
         """The request's prompt is computed (first token out): its blocks stop counting as queued prefill."""
-        return bool(await self._release(keys=self._keys(model), args=[request_id, "prefill"]))
+        return bool(await self.settle(model, [(request_id, "prefill")]))
+
+    async def settle(self, model: str, ops: Sequence[tuple[str, str]]) -> int:
+        """Apply ``(request_id, 'all' | 'prefill')`` operations in order, in one call. Returns how many
+        found their prediction."""
+        if not ops:
+            return 0
+        return int(await self._release(keys=self._keys(model), args=[x for op in ops for x in op]))

@@ -1,13 +1,16 @@
 """KV-aware routing: send a request where its prompt's prefix is cached, unless that worker is busier
 than the cache hit is worth.
 
-A decision is two Redis round trips whatever the number of workers: one read (router.prefix_index:
-the bitmaps of the prompt's blocks and the slot owner tags), numpy for the overlaps and the parts of
-the cost that do not depend on the shared in-flight sums (router.scoring, formula there), then one
-script that reads the sums, finishes the costs, picks and records the prediction atomically
-(router.inflight), so frontends routing at the same moment take turns instead of piling onto one
-worker. :meth:`KvPolicy.best` answers without recording: one round trip, the sums read with the
-bitmaps.
+A decision is ONE Redis round trip whatever the number of workers: the router hashes the prompt and
+sends its block keys with the candidates' packed columns to one script (router.inflight,
+``index_scripts.DECIDE``) that reads the bitmaps, the slot owner tags and the shared in-flight sums,
+computes the costs (router.scoring's formula), picks and records the prediction atomically, so
+frontends routing at the same moment take turns instead of piling onto one worker.
+:meth:`KvPolicy.best` answers without recording, also in one round trip, but scores in numpy from a
+plain read (router.prefix_index): two independent implementations of one formula, which the tests
+hold to the same answers.
+
+Releases and prefill-done marks are gathered per event-loop turn and sent as one script call.
 
 Herding: a shared system prompt makes every request overlap most on the workers that cached it. The
 load term stops the herd: each routed request adds its blocks to the worker's predicted decode load
@@ -22,6 +25,7 @@ when the worker is picked again or at the reaper's next sweep (router.reaper), w
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import operator
@@ -64,6 +68,7 @@ class WorkerTable:
     ids: list[str]
     slots: np.ndarray
     sizes: np.ndarray
+    candidates: Candidates
     block_sizes: list[int]
     chain_no: np.ndarray
     indexed: np.ndarray
@@ -104,6 +109,8 @@ class KvPolicy:
         self._model_of: dict[str, str] = {}
         self._tables: dict[str, WorkerTable] = {}
         self._background = BackgroundTasks("releasing a routing prediction")
+        self._pending: dict[str, dict[str, str]] = {}
+        self._flush_scheduled = False
 
     def _approximate(self, worker: LiveWorker) -> bool:
         return self.settings.approximate or not publishes_kv_events(worker.record)
@@ -111,39 +118,71 @@ class KvPolicy:
     # ---- Policy ---------------------------------------------------------------------------------
     async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
         """Pick a worker and record the request as in flight on it until :meth:`release`."""
-        s = await self._score(request, workers, with_sums=False)
-        candidates = self._candidates(s)
+        if not workers:
+            raise NoWorkerAvailable(f"no live worker serves model {request.model!r}")
+        over = request.overrides
+        table = self._table(request.model, workers)
+        tokens = token_bytes(request.token_ids)
+        root = _root_hash(request.model, request.lora)
+        n_tokens = len(tokens) // 4
         decision = await self.inflight.decide(
-            request.model, request.request_id, candidates, s.terms, s.chains if candidates.approx_cap.any() else [],
-            temperature=s.temperature, u=self._rng.random(), pinned=s.pinned, approx_ttl_s=self.settings.approx_ttl_s)
+            request.model, request.request_id, table.candidates,
+            [block_hashes(tokens, bs, root) for bs in table.block_sizes],
+            [-(-n_tokens // bs) for bs in table.block_sizes],
+            weight=self.settings.overlap_score_weight if over.overlap_score_weight is None else over.overlap_score_weight,
+            temperature=self.settings.temperature if over.temperature is None else over.temperature,
+            u=self._rng.random(), pinned=table.position.get(over.worker_id) if over.worker_id else None,
+            approx_ttl_s=self.settings.approx_ttl_s)
         if decision.approx_status == "busy":
             log.info("approximate guesses for %s skipped: its slot still holds a gone worker's blocks",
-                     candidates.worker_ids[decision.index])
+                     table.ids[decision.index])
         self._model_of[request.request_id] = request.model
-        return self._decision(s, decision.index, decision.cost)
+        record = table.workers[decision.index].record
+        return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=decision.overlap,
+                             cost=decision.cost)
 
     async def best(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
         """The decision :meth:`choose` would make, recording nothing (the standalone router's query)."""
-        s = await self._score(request, workers, with_sums=True)
+        s = await self._score(request, workers)
         costs = evaluate(s.terms, s.prefill, s.decode)
         idx = s.pinned if s.pinned is not None else pick_index(costs, s.temperature, self._rng.random())
-        return self._decision(s, idx, float(costs[idx]))
+        record = s.workers[idx].record
+        return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=int(s.overlap[idx]),
+                             cost=float(costs[idx]))
 
     def release(self, request_id: str) -> None:
         """The request finished: drop its prediction (in the background; see :meth:`flush`)."""
         model = self._model_of.pop(request_id, None)
         if model is not None:
-            self._background.spawn(self.inflight.release(model, request_id))
+            self._settle(model, request_id, "all")
 
     def prefill_done(self, request_id: str) -> None:
         """The request's first token is out: its prompt no longer counts as queued prefill."""
         model = self._model_of.get(request_id)
         if model is not None:
-            self._background.spawn(self.inflight.prefill_done(model, request_id))
+            self._settle(model, request_id, "prefill")
 
     async def flush(self) -> None:
         """Wait for the background releases to reach Redis (tests, shutdown)."""
+        while self._pending:
+            await asyncio.sleep(0)
         await self._background.drain()
+
+    def _settle(self, model: str, request_id: str, op: str) -> None:
+        """Queue a release or prefill-done mark; everything queued in one loop turn goes in one call,
+        and a prefill-done mark whose request is released in the same turn is dropped."""
+        ops = self._pending.setdefault(model, {})
+        if ops.get(request_id) != "all":
+            ops[request_id] = op
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._send_pending)
+
+    def _send_pending(self) -> None:
+        self._flush_scheduled = False
+        pending, self._pending = self._pending, {}
+        for model, ops in pending.items():
+            self._background.spawn(self.inflight.settle(model, list(ops.items())))
 
     # ---- the steps ------------------------------------------------------------------------------
     def _table(self, model: str, workers: Sequence[LiveWorker]) -> WorkerTable:
@@ -161,16 +200,19 @@ class KvPolicy:
                          for w in workers], dtype=np.int64)
         caps[slots < 0] = 0
         ids = [r.worker_id for r in records]
+        active = np.fromiter((w.load.active_blocks for w in workers), dtype=np.int64, count=n)
+        chain_no = np.searchsorted(block_sizes, sizes)
         table = WorkerTable(
             workers=tuple(workers), ids=ids, slots=slots, sizes=sizes, block_sizes=block_sizes,
-            chain_no=np.searchsorted(block_sizes, sizes), indexed=indexed,
+            candidates=self.inflight.candidates(model, ids, slots, sizes / sizes.min(), active, chain_no, caps),
+            chain_no=chain_no, indexed=indexed,
             tags=np.fromiter((owner_tag(ids[i]) for i in indexed), np.int64, count=indexed.size),
-            active=np.fromiter((w.load.active_blocks for w in workers), dtype=np.int64, count=n),
+            active=active,
             approx_cap=caps, position={wid: i for i, wid in reversed(list(enumerate(ids)))})
         self._tables[model] = table
         return table
 
-    async def _score(self, request: RouteRequest, workers: Sequence[LiveWorker], *, with_sums: bool) -> Scored:
+    async def _score(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> Scored:
         if not workers:
             raise NoWorkerAvailable(f"no live worker serves model {request.model!r}")
         over = request.overrides
@@ -180,7 +222,7 @@ class KvPolicy:
         root = _root_hash(request.model, request.lora)
         chains = [block_hashes(tokens, bs, root) for bs in table.block_sizes]
         indexed = table.indexed
-        read = await self.index.read(request.model, chains, table.slots[indexed], with_sums=with_sums)
+        read = await self.index.read(request.model, chains, table.slots[indexed], with_sums=True)
         overlap = np.zeros(n, dtype=np.int64)
         decode = np.zeros(n, dtype=np.int64)
         prefill = np.zeros(n, dtype=np.int64)
@@ -199,15 +241,3 @@ class KvPolicy:
             pinned=table.position.get(over.worker_id) if over.worker_id else None,
             decode=decode, prefill=prefill,
         )
-
-    @staticmethod
-    def _candidates(s: Scored) -> Candidates:
-        t = s.table
-        return Candidates(worker_ids=t.ids, slots=t.slots, decode_blocks=s.prompt, prefill_blocks=s.prompt - s.overlap,
-                          chain=t.chain_no, approx_cap=t.approx_cap)
-
-    @staticmethod
-    def _decision(s: Scored, idx: int, cost: float) -> RouteDecision:
-        record = s.workers[idx].record
-        return RouteDecision(worker_id=record.worker_id, queue=record.queue,
-                             overlap_blocks=int(s.overlap[idx]), cost=cost)

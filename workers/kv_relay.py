@@ -79,6 +79,9 @@ class KvRelay:
             if not self._pending and not self._resync_needed:
                 self._idle.set()
                 await self._wake.wait()
+                # Token deltas woken in the same turn go out first: the index can wait a turn, a
+                # client waiting for its first token should not.
+                await asyncio.sleep(0)
             self._wake.clear()
             try:
                 if self._resync_needed:

@@ -1,6 +1,6 @@
 """Worker start-up and shut-down, wired to Celery's signals.
 
-* ``celeryd_after_setup``: pick the worker id (Celery's node name unless SLUICE_WORKER__WORKER_ID
+* ``celeryd_after_setup``: turn off kombu's ack emulation (see below), pick the worker id (Celery's node name unless SLUICE_WORKER__WORKER_ID
   is set), consume the pool queue and the worker's own queue, start the engine host (loading the
   model). A worker whose engine cannot start exits with a clear message and never registers.
 * ``worker_ready``: the consumer is up, so register under a lease (routers may now pick us).
@@ -31,6 +31,13 @@ def _start_engine(sender: str, instance, **_: object) -> None:  # type: ignore[n
     keys = Keys(settings.redis.namespace)
     if keys.bookkeeping_queue in instance.app.amqp.queues.consume_from:
         return  # the bookkeeper (workers/bookkeeping.py) hosts no engine
+    # No ack emulation for inference tasks: kombu would record every delivered message in an unacked
+    # hash (a MULTI/EXEC round trip before the task starts and another at the ack) only to redeliver
+    # it after the visibility timeout, long after its client gave up. A request lost with a killed
+    # worker ends at the frontend instead (the worker's lease expires and its streams fail). The
+    # bookkeeper keeps the emulation: a usage record must survive its crash.
+    instance.app.conf.broker_transport_options = {**instance.app.conf.broker_transport_options,
+                                                  "ack_emulation": False}
     worker_id = settings.worker.worker_id or sender
     model_path = settings.resolved_model_path()
     identity = WorkerIdentity(

@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
@@ -123,10 +124,16 @@ async def test_round_trips(counter: RoundTripCounter, keys: Keys, index: PrefixI
     sends, d = await counter.count(lambda: p.best(req("a", long_prompt), workers))
     assert (sends, d.worker_id, d.overlap_blocks) == (1, "w7", 512)
     sends, d = await counter.count(lambda: p.choose(req("b", long_prompt), workers))
-    assert (sends, d.worker_id) == (2, "w7")  # read + record
+    assert (sends, d.worker_id, d.overlap_blocks) == (1, "w7", 512)  # read, score and record in one call
+    await p.choose(req("c", long_prompt), workers)
+    p.release("warm")
+    p.prefill_done("b")
     p.release("b")
+    p.prefill_done("c")
     sends, _ = await counter.count(p.flush)
-    assert sends == 1
+    assert sends == 1  # everything released in one loop turn goes in one call
+    sums = np.frombuffer(await counter.client.get(keys.router_inflight("m")), dtype=">u4").reshape(-1, 2)
+    assert sums.sum(axis=0).tolist() == [512, 0]  # c's decode blocks; its prefill is done, b is gone
 
 
 async def test_overrides_pin_temperature_and_weight(aredis: aioredis.Redis, keys: Keys, index: PrefixIndex) -> None:
