@@ -71,7 +71,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "bench-model"
 POLICIES = ("kv", "round_robin", "random", "least_loaded")
 #: Extra ``kv`` rows with these ``overlap_score_weight`` values (the deployment default is always run).
-EXTRA_KV_WEIGHTS = (4.0,)
+EXTRA_KV_WEIGHTS = (1.0,)
 #: How often the policies' view of worker load is refreshed, in model seconds (the workers' heartbeat).
 HEARTBEAT_MODEL_S = 1.0
 

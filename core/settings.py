@@ -79,7 +79,7 @@ class WorkerSettings(BaseModel):
 
 class RouterSettings(BaseModel):
     mode: RouterMode = "kv"
-    overlap_score_weight: float = Field(1.0, ge=0)
+    overlap_score_weight: float = Field(8.0, ge=0)
     temperature: float = Field(0.0, ge=0)
     registry_refresh_s: float = Field(0.25, gt=0)
     #: Approximate mode (engines without KV events): how long a routed prompt's blocks count as cached.

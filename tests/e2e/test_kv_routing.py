@@ -179,16 +179,21 @@ def test_a_hot_shared_prefix_spreads_once_its_worker_is_loaded(kv_client: openai
     streams: list[httpx.Response] = []
     with httpx.Client(base_url=kv_stack.base_url, timeout=60) as http:
         try:
-            for i in range(4):  # each stays in flight (4000 tokens) while the next one is routed
+            # Each stream stays in flight (4000 tokens) while the next one is routed; at the default
+            # weight the cached worker takes several before its load outweighs the prefix.
+            for i in range(24):
                 response = _open_stream(http, f"question number {i}: is the book in stock?", system)
                 assert response.status_code == 200
                 streams.append(response)
+                if response.headers["x-sluice-worker"] != warm:
+                    break
             served = [r.headers["x-sluice-worker"] for r in streams]
         finally:
             for r in streams:
                 r.close()  # the client leaves: the requests are cancelled and their predictions released
     assert served[0] == warm  # the cached worker wins while it is idle...
     assert set(served) == set(WORKERS)  # ...and once it is loaded, the other worker takes the prefix too
+    assert len(served) >= 2
 
 
 def test_router_parameters_and_errors(kv_stack: Stack) -> None:

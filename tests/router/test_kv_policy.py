@@ -33,7 +33,8 @@ def req(rid: str, tokens: list[int] = PROMPT, **overrides) -> RouteRequest:  # t
 
 
 def policy(client: aioredis.Redis, keys: Keys, seed: int = 0, **settings) -> KvPolicy:  # type: ignore[no-untyped-def]
-    return KvPolicy(client, keys, RouterSettings(**settings), rng=random.Random(seed))
+    """The arithmetic in these tests is at overlap_score_weight 1 unless a test says otherwise."""
+    return KvPolicy(client, keys, RouterSettings(**{"overlap_score_weight": 1.0, **settings}), rng=random.Random(seed))
 
 
 async def test_prefers_the_cached_prefix(aredis: aioredis.Redis, keys: Keys, index: PrefixIndex) -> None:
@@ -86,20 +87,24 @@ async def test_heartbeat_load_and_predictions_are_not_double_counted(aredis: aio
     assert (await p.best(req("r2"), [make_worker("w0", 0, active_blocks=25)])).cost == 10 + 25
 
 
-async def test_shared_system_prompt_does_not_herd(aredis: aioredis.Redis, keys: Keys, index: PrefixIndex) -> None:
+@pytest.mark.parametrize(("weight", "w0_picks", "other_picks"), [(1.0, (14, 17), 7), (None, (25, 27), 4)])
+async def test_shared_system_prompt_does_not_herd(aredis: aioredis.Redis, keys: Keys, index: PrefixIndex,
+                                                  weight: float | None, w0_picks: tuple[int, int],
+                                                  other_picks: int) -> None:
     """One worker cached a 32-block system prompt; every request shares it. The load term must spread them."""
     system = list(range(128))
     await index.resync("w0", 0, "m", chain(system), 0)
     workers = [make_worker(f"w{i}", i) for i in range(4)]
-    p = policy(aredis, keys)
+    p = policy(aredis, keys, overlap_score_weight=weight if weight is not None else RouterSettings().overlap_score_weight)
     picks = Counter()
     for i in range(40):
         d = await p.choose(req(f"r{i}", system + [50_000 + i] * 16), workers)
         picks[d.worker_id] += 1
     assert set(picks) == {"w0", "w1", "w2", "w3"}
-    # w0 costs 4 + 40k after k requests (4 uncached blocks, its queued prefill, 36 decode blocks each),
-    # the others 36 + 72m: about 16 requests for w0 and 8 for each other worker.
-    assert 14 <= picks["w0"] <= 17 and min(picks.values()) >= 7
+    # Weight W: w0 costs W(4 + 4k) + 36k after k requests (4 uncached blocks, its queued prefill, 36
+    # decode blocks each), the others W(36 + 36m) + 36m. W = 1: about 16 requests for w0 and 8 for each
+    # other worker; W = 8 (the default): about 26 for w0 and 4-5 for each other.
+    assert w0_picks[0] <= picks["w0"] <= w0_picks[1] and min(picks.values()) >= other_picks
 
 
 async def test_two_frontends_do_not_pile_on(redis_server: RedisServer, aredis: aioredis.Redis, keys: Keys) -> None:
