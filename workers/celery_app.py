@@ -38,6 +38,8 @@ def create_celery_app() -> Celery:
         task_send_sent_event=False,
         broker_transport_options={"visibility_timeout": 3600},
         worker_disable_rate_limits=True,
+        # Task events flushed in batches (every few ms) instead of after every consumer loop turn.
+        worker_consumer="workers.consumer:Consumer",
     )
     return app
 
