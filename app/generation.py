@@ -19,11 +19,18 @@ from typing import TYPE_CHECKING
 from app.model_card import ModelCard
 from app.textstream import TextAssembler
 from core.accounting import UsageRecord
-from core.errors import ContextLengthExceeded, InvalidRequest, NoWorkerAvailable, StreamStalled, UpstreamError
+from core.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    NoWorkerAvailable,
+    SluiceError,
+    StreamStalled,
+    UpstreamError,
+)
 from core.messages import ControlCommand, GenerateRequest, SamplingParams, encode_control, request_to_builtins
-from router.policies import RouteRequest, RouterOverrides
+from router.policies import RouteRequest, RouterOverrides, TaskParts
 from workers.celery_app import GENERATE_TASK
-from workers.wire import task_message
+from workers.wire import task_message_parts
 
 if TYPE_CHECKING:
     from app.accounts.service import Principal
@@ -96,18 +103,33 @@ class Generation:
             if not workers:
                 raise NoWorkerAvailable(f"worker {spec.overrides.worker_id!r} is not serving {spec.model!r}")
         policy = rt.policy(mode)
-        decision = await policy.choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
-                                                    overrides=spec.overrides), workers)
-        self._policy = policy
-        self.worker_id = decision.worker_id
-        self.pool = workers[0].record.pool
-        self._stream = rt.hub.open(self.request_id, decision.worker_id)
         payload = GenerateRequest(request_id=self.request_id, model=spec.model, token_ids=spec.prompt_token_ids,
                                   sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline)
-        message = task_message(GENERATE_TASK, [request_to_builtins(payload)], decision.queue,
-                               task_id=self.request_id,
-                               argsrepr=f"request {self.request_id}: {self.prompt_tokens} prompt tokens")
-        await rt.enqueuer.push(decision.queue, message)
+        task = TaskParts(*task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self.request_id,
+                                             argsrepr=f"request {self.request_id}: {self.prompt_tokens} prompt tokens"))
+        # The stream is registered before anything can reach a worker (the kv policy enqueues as it
+        # routes): a first delta must find its request.
+        stream = rt.hub.open(self.request_id, None)
+        try:
+            decision = await policy.choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
+                                                        overrides=spec.overrides, task=task), workers)
+            if not decision.enqueued:
+                await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
+        except BaseException as exc:
+            rt.hub.discard(self.request_id)
+            policy.release(self.request_id)
+            if not isinstance(exc, SluiceError):
+                # Redis failed under us: the task may have been enqueued before the reply was lost.
+                # A broadcast cancel makes whichever worker gets it drop it at once.
+                rt.spawn(rt.redis.publish(rt.keys.control_broadcast,
+                                          encode_control(ControlCommand("cancel", self.request_id))))
+            raise
+        self._policy = policy
+        self._stream = stream
+        self.worker_id = decision.worker_id
+        if stream.worker_id is None:
+            stream.worker_id = decision.worker_id
+        self.pool = workers[0].record.pool
 
     async def text(self) -> AsyncIterator[str]:
         """Client-visible text as it arrives; ends after the last delta. Raises UpstreamError on failure."""

@@ -18,7 +18,7 @@ Conventions shared by every script:
 * In-flight sums are a string of two big-endian uint32 per slot (decode blocks, then queued prefill
   blocks), updated with ``BITFIELD ... OVERFLOW SAT INCRBY`` so they never wrap below zero.
 
-The scripts reach the block keys without declaring them in KEYS: fine on a standalone or Sentinel
+The scripts reach the block keys (and DECIDE the chosen queue) without declaring them in KEYS: fine on a standalone or Sentinel
 Redis; a Redis Cluster would need one model's keys under one hash tag.
 """
 
@@ -92,6 +92,33 @@ local function add_sums(key, slot, d, p)
                'INCRBY', 'u32', '#' .. string.format('%d', 2 * slot), string.format('%d', d),
                'INCRBY', 'u32', '#' .. string.format('%d', 2 * slot + 1), string.format('%d', p))
   end
+end
+
+-- Applies in-flight operations args[first..last]: pairs of request id and 'all' (forget the
+-- prediction) or 'prefill' (its prefill is done: keep only its decode blocks). Returns how many found
+-- their prediction.
+local function settle(sums, reqs, expiry, args, first, last)
+  local found = 0
+  for a = first, last, 2 do
+    local rid = args[a]
+    local rec = redis.call('HGET', reqs, rid)
+    if rec then
+      found = found + 1
+      local slot, d, p, w = string.match(rec, '^(%-?%d+) (%d+) (%d+) (.*)$')
+      slot, d, p = tonumber(slot), tonumber(d), tonumber(p)
+      if args[a + 1] == 'prefill' then
+        if p ~= 0 then
+          add_sums(sums, slot, 0, -p)
+          redis.call('HSET', reqs, rid, string.format('%d %d 0 ', slot, d) .. w)
+        end
+      else
+        add_sums(sums, slot, -d, -p)
+        redis.call('HDEL', reqs, rid)
+        redis.call('ZREM', expiry, rid)
+      end
+    end
+  end
+  return found
 end
 
 -- Drops a worker's approximate guesses that expired (at most limit); returns how many.
@@ -211,9 +238,9 @@ for j = 1, #KEYS, 2 do n = n + expire_guesses(KEYS[j], KEYS[j + 1], now, limit) 
 return n
 """
 
-#: Scores, decides and records a routing decision in one atomic step (ONE round trip per decision):
-#: reads the prompt's block bitmaps and the slot owner tags, finds each candidate's leading overlap,
-#: reads the in-flight sums, computes the costs, picks and records the prediction. Routers deciding at
+#: Scores, decides, records and enqueues in one atomic step (ONE round trip per request): reads the
+#: prompt's block bitmaps and the slot owner tags, finds each candidate's leading overlap, reads the
+#: in-flight sums, computes the costs, picks, records the prediction and pushes the task message. Routers deciding at
 #: the same moment take turns: each decision sees every prediction recorded before it.
 #: KEYS: in-flight sums, in-flight requests, in-flight expiry, slot owners, slot tags, then for every
 #: candidate in approximate mode its approx zset and its meta (in candidate order).
@@ -222,7 +249,10 @@ return n
 #: doubles per candidate: slot, scale B_w/B_min, heartbeat active blocks, chain number (1-based), approx
 #: cap (0: not approximate), owner tag), 8 model, 9 block key prefix, 10 approx ttl ms, 11 number of
 #: chains c (one per distinct block size), then per chain the prompt's length in blocks (the partial last
-#: block included) and its hex chain (``hex_chain``), then the candidates' worker ids.
+#: block included) and its hex chain (``hex_chain``), then the candidates' worker ids, then their
+#: queues, then the task message's head and tail ('' and '': enqueue nothing): the script LPUSHes
+#: ``head .. queue .. tail`` onto the chosen worker's queue (workers.wire.task_message_parts), then
+#: any number of pending in-flight operations (pairs, as RELEASE takes them), applied first.
 #: The bitmaps are read in slices of READ_CHUNK blocks, up to the first block nobody holds.
 #: Cost of candidate i, in the same order of operations as router.scoring.evaluate (sw = scale * weight):
 #:   sw * (prompt - overlap) + sw * queued_sum + scale * max(active, decode_sum)
@@ -231,10 +261,11 @@ DECIDE = _HELPERS + r"""
 
 local function undo(rid)
   local rec = redis.call('HGET', KEYS[2], rid)
-  if not rec then return end
+  if not rec then return false end
   local slot, d, p = string.match(rec, '^(%-?%d+) (%d+) (%d+) ')
   add_sums(KEYS[1], tonumber(slot), -tonumber(d), -tonumber(p))
   redis.call('HDEL', KEYS[2], rid)
+  return true
 end
 
 local now = now_ms()
@@ -242,7 +273,13 @@ local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64
 for _, rid in ipairs(expired) do undo(rid) end
 if #expired > 0 then call_chunked('ZREM', KEYS[3], expired) end
 local rid = ARGV[1]
-undo(rid)
+-- Releases and prefill-done marks this router had pending ride along: applied before the costs.
+local nc = #ARGV[7] / 48
+local ops_at = 11 + 2 * tonumber(ARGV[11]) + 2 * nc + 3
+settle(KEYS[1], KEYS[2], KEYS[3], ARGV, ops_at, #ARGV)
+-- A request id decided before: its prediction is replaced, and its task (if any) was pushed then (a
+-- call repeated after a lost reply must not enqueue the request twice).
+local again = undo(rid)
 
 local READ_CHUNK = 64
 local cols, unpack_cols, band, rshift, floor = ARGV[7], struct.unpack, bit.band, bit.rshift, math.floor
@@ -331,12 +368,19 @@ if chosen == 0 then
   end
 end
 
-local wid = ARGV[11 + 2 * nchains + chosen]
+local base = 11 + 2 * nchains
+local wid = ARGV[base + chosen]
 local s, c = slot[chosen], chain[chosen]
 local d, p = prompt[c], prompt[c] - overlap[chosen]
 redis.call('HSET', KEYS[2], rid, string.format('%d %d %d ', s, d, p) .. wid)
 add_sums(KEYS[1], s, d, p)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), rid)
+local head = ARGV[base + 2 * n + 1]
+if head ~= '' and not again then
+  -- The task message for the chosen worker's queue: enqueued in the same step as the prediction.
+  local queue = ARGV[base + n + chosen]
+  redis.call('LPUSH', queue, head .. queue .. ARGV[base + 2 * n + 2])
+end
 local cost = string.format('%.17g', costs[chosen])
 
 if cap[chosen] <= 0 then return {chosen, cost, overlap[chosen], ''} end
@@ -380,27 +424,7 @@ return {chosen, cost, overlap[chosen], 'ok'}
 
 #: KEYS: in-flight sums, in-flight requests, in-flight expiry. ARGV: pairs of request_id and 'all'
 #: (forget the prediction) or 'prefill' (its prefill is done: keep only its decode blocks), applied in
-#: order. Returns how many of them found their prediction.
+#: order (``settle``). Returns how many of them found their prediction.
 RELEASE = _HELPERS + r"""
-local found = 0
-for a = 1, #ARGV, 2 do
-  local rid = ARGV[a]
-  local rec = redis.call('HGET', KEYS[2], rid)
-  if rec then
-    found = found + 1
-    local slot, d, p, w = string.match(rec, '^(%-?%d+) (%d+) (%d+) (.*)$')
-    slot, d, p = tonumber(slot), tonumber(d), tonumber(p)
-    if ARGV[a + 1] == 'prefill' then
-      if p ~= 0 then
-        add_sums(KEYS[1], slot, 0, -p)
-        redis.call('HSET', KEYS[2], rid, string.format('%d %d 0 ', slot, d) .. w)
-      end
-    else
-      add_sums(KEYS[1], slot, -d, -p)
-      redis.call('HDEL', KEYS[2], rid)
-      redis.call('ZREM', KEYS[3], rid)
-    end
-  end
-end
-return found
+return settle(KEYS[1], KEYS[2], KEYS[3], ARGV, 1, #ARGV)
 """

@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 
 from core.keys import Keys
 from router import index_scripts
+from router.policies import TaskParts
 from router.prefix_index import hex_chain, owner_tag
 from router.resp import PackedScript, pack_args
 
@@ -40,6 +41,7 @@ class Candidates:
     packed_keys: bytes
     columns: bytes
     packed_ids: bytes
+    packed_queues: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +62,16 @@ class InflightStore:
         self.keys = keys
         self.ttl_ms = int(ttl_s * 1000)
         self._decide = PackedScript(client, index_scripts.DECIDE)
-        self._release = client.register_script(index_scripts.RELEASE)
+        self._release = PackedScript(client, index_scripts.RELEASE)
 
     def _keys(self, model: str) -> list[str]:
         k = self.keys
         return [k.router_inflight(model), k.router_inflight_requests(model), k.router_inflight_expiry(model)]
 
-    def candidates(self, model: str, worker_ids: Sequence[str], slots: np.ndarray, scale: np.ndarray,
-                   active: np.ndarray, chain: np.ndarray, approx_cap: np.ndarray) -> Candidates:
-        """Pack a candidate list (aligned arrays): ``scale`` = B_w / B_min, ``active`` = heartbeat load,
+    def candidates(self, model: str, worker_ids: Sequence[str], queues: Sequence[str], slots: np.ndarray,
+                   scale: np.ndarray, active: np.ndarray, chain: np.ndarray, approx_cap: np.ndarray) -> Candidates:
+        """Pack a candidate list (aligned arrays): ``queues`` = each worker's own queue,
+        ``scale`` = B_w / B_min, ``active`` = heartbeat load,
         ``chain`` = the number of the chain of its block size (0-based), ``approx_cap`` > 0: approximate
         mode with at most that many guesses. Owner tags are derived from the ids."""
         keys = [*self._keys(model), self.keys.kv_slot_owners, self.keys.kv_slot_tags]
@@ -77,7 +80,8 @@ class InflightStore:
         tags = np.fromiter((owner_tag(w) for w in worker_ids), dtype=np.float64, count=len(worker_ids))
         columns = np.column_stack([slots, scale, active, np.asarray(chain) + 1, approx_cap, tags]).astype("<f8")
         return Candidates(count=len(worker_ids), n_keys=len(keys), packed_keys=pack_args(*keys),
-                          columns=columns.tobytes(), packed_ids=pack_args(*worker_ids))
+                          columns=columns.tobytes(), packed_ids=pack_args(*worker_ids),
+                          packed_queues=pack_args(*queues))
 
     async def decide(
         self,
@@ -92,20 +96,26 @@ class InflightStore:
         u: float,
         pinned: int | None = None,
         approx_ttl_s: float = 0.0,
+        task: TaskParts | None = None,
+        settle: Sequence[tuple[str, str]] = (),
     ) -> Decision:
         """Score the prompt's ``chains`` (one per distinct block size, in the candidates' chain
         numbering; ``prompt_blocks`` the prompt's length in blocks of each) against the index, pick on the
-        current sums (router.scoring's costs and pick_index with ``u``, or ``pinned``) and record the
-        prediction: one atomic call, one round trip. A prediction with the same request id replaces the
-        earlier one."""
+        current sums (router.scoring's costs and pick_index with ``u``, or ``pinned``), record the
+        prediction and, given a ``task``, push it onto the chosen worker's queue: one atomic call, one
+        round trip. ``settle``: operations as :meth:`settle` takes them, applied first in the same call.
+        A prediction with the same request id replaces the earlier one."""
         per_chain = [x for chain, blocks in zip(chains, prompt_blocks, strict=True) for x in (blocks, hex_chain(chain))]
         args = pack_args(request_id, self.ttl_ms, repr(float(u)), repr(float(temperature)),
                          0 if pinned is None else pinned + 1, repr(float(weight))) + \
             b"$%d\r\n%s\r\n" % (len(candidates.columns), candidates.columns) + \
             pack_args(model, self.keys.kv_block_prefix(model), int(approx_ttl_s * 1000), len(chains), *per_chain) + \
-            candidates.packed_ids
+            candidates.packed_ids + candidates.packed_queues + \
+            (pack_args(task.head, task.tail) if task is not None else pack_args("", "")) + \
+            pack_args(*(x for op in settle for x in op))
         chosen, cost, overlap, approx = await self._decide.call_packed(
-            candidates.n_keys, candidates.packed_keys, 11 + len(per_chain) + candidates.count, args)
+            candidates.n_keys, candidates.packed_keys, 13 + len(per_chain) + 2 * candidates.count + 2 * len(settle),
+            args)
         return Decision(int(chosen) - 1, float(cost), int(overlap), approx.decode())
 
     async def release(self, model: str, request_id: str) -> bool:
@@ -121,4 +131,4 @@ class InflightStore:
         found their prediction."""
         if not ops:
             return 0
-        return int(await self._release(keys=self._keys(model), args=[x for op in ops for x in op]))
+        return int(await self._release(self._keys(model), [x for op in ops for x in op]))

@@ -10,7 +10,8 @@ frontends routing at the same moment take turns instead of piling onto one worke
 plain read (router.prefix_index): two independent implementations of one formula, which the tests
 hold to the same answers.
 
-Releases and prefill-done marks are gathered per event-loop turn and sent as one script call.
+Releases and prefill-done marks ride along with the router's next decision (applied first in its
+script), or go in one call of their own within :data:`SETTLE_DELAY_S` when no decision comes first.
 
 Herding: a shared system prompt makes every request overlap most on the workers that cached it. The
 load term stops the herd: each routed request adds its blocks to the worker's predicted decode load
@@ -41,7 +42,7 @@ from core.errors import NoWorkerAvailable
 from core.keys import Keys
 from core.settings import RouterSettings
 from router.hashing import block_hashes, root_hash, token_bytes
-from router.inflight import Candidates, InflightStore
+from router.inflight import Candidates, Decision, InflightStore
 from router.policies import RouteDecision, RouteRequest
 from router.prefix_index import PrefixIndex, owner_tag
 from router.registry import LiveWorker, WorkerRecord
@@ -50,6 +51,9 @@ from router.scoring import CostTerms, cost_terms, evaluate, pick_index
 log = logging.getLogger(__name__)
 
 _root_hash = functools.lru_cache(maxsize=1024)(root_hash)
+
+#: The longest a release or prefill-done mark waits for a decision to ride along with.
+SETTLE_DELAY_S = 0.005
 
 
 def publishes_kv_events(record: WorkerRecord) -> bool:
@@ -110,36 +114,46 @@ class KvPolicy:
         self._tables: dict[str, WorkerTable] = {}
         self._background = BackgroundTasks("releasing a routing prediction")
         self._pending: dict[str, dict[str, str]] = {}
-        self._flush_scheduled = False
+        self._flush_timer: asyncio.TimerHandle | None = None
 
     def _approximate(self, worker: LiveWorker) -> bool:
         return self.settings.approximate or not publishes_kv_events(worker.record)
 
     # ---- Policy ---------------------------------------------------------------------------------
     async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
-        """Pick a worker and record the request as in flight on it until :meth:`release`."""
+        """Pick a worker and record the request as in flight on it until :meth:`release`; with
+        ``request.task``, also push the task onto the worker's queue (same call, ``enqueued``)."""
         if not workers:
             raise NoWorkerAvailable(f"no live worker serves model {request.model!r}")
-        over = request.overrides
         table = self._table(request.model, workers)
         tokens = token_bytes(request.token_ids)
         root = _root_hash(request.model, request.lora)
         n_tokens = len(tokens) // 4
-        decision = await self.inflight.decide(
+        self._model_of[request.request_id] = request.model  # release() works even if the call fails
+        settle = self._take_pending(request.model)
+        try:
+            decision = await self._decide(request, table, tokens, n_tokens, root, settle)
+        except BaseException:
+            self._requeue(request.model, settle)
+            raise
+        if decision.approx_status == "busy":
+            log.info("approximate guesses for %s skipped: its slot still holds a gone worker's blocks",
+                     table.ids[decision.index])
+        record = table.workers[decision.index].record
+        return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=decision.overlap,
+                             cost=decision.cost, enqueued=request.task is not None)
+
+    async def _decide(self, request: RouteRequest, table: WorkerTable, tokens: bytes, n_tokens: int, root: int,
+                      settle: list[tuple[str, str]]) -> Decision:
+        over = request.overrides
+        return await self.inflight.decide(
             request.model, request.request_id, table.candidates,
             [block_hashes(tokens, bs, root) for bs in table.block_sizes],
             [-(-n_tokens // bs) for bs in table.block_sizes],
             weight=self.settings.overlap_score_weight if over.overlap_score_weight is None else over.overlap_score_weight,
             temperature=self.settings.temperature if over.temperature is None else over.temperature,
             u=self._rng.random(), pinned=table.position.get(over.worker_id) if over.worker_id else None,
-            approx_ttl_s=self.settings.approx_ttl_s)
-        if decision.approx_status == "busy":
-            log.info("approximate guesses for %s skipped: its slot still holds a gone worker's blocks",
-                     table.ids[decision.index])
-        self._model_of[request.request_id] = request.model
-        record = table.workers[decision.index].record
-        return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=decision.overlap,
-                             cost=decision.cost)
+            approx_ttl_s=self.settings.approx_ttl_s, task=request.task, settle=settle)
 
     async def best(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
         """The decision :meth:`choose` would make, recording nothing (the standalone router's query)."""
@@ -163,26 +177,38 @@ class KvPolicy:
             self._settle(model, request_id, "prefill")
 
     async def flush(self) -> None:
-        """Wait for the background releases to reach Redis (tests, shutdown)."""
-        while self._pending:
-            await asyncio.sleep(0)
+        """Send the pending releases now and wait until they reached Redis (tests, shutdown)."""
+        self._send_pending()
         await self._background.drain()
 
     def _settle(self, model: str, request_id: str, op: str) -> None:
-        """Queue a release or prefill-done mark; everything queued in one loop turn goes in one call,
-        and a prefill-done mark whose request is released in the same turn is dropped."""
+        """Queue a release or prefill-done mark. Pending marks ride along with this router's next
+        decision for the model (applied in its script before the costs: no call of their own), or go
+        in one call of their own after :data:`SETTLE_DELAY_S` if no decision comes first. A
+        prefill-done mark whose request is released before they are sent is dropped."""
         ops = self._pending.setdefault(model, {})
         if ops.get(request_id) != "all":
             ops[request_id] = op
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._send_pending)
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(SETTLE_DELAY_S, self._send_pending)
+
+    def _take_pending(self, model: str) -> list[tuple[str, str]]:
+        ops = self._pending.pop(model, None)
+        return list(ops.items()) if ops else []
+
+    def _requeue(self, model: str, ops: list[tuple[str, str]]) -> None:
+        """Marks whose decision call failed go out on their own."""
+        for request_id, op in ops:
+            self._settle(model, request_id, op)
 
     def _send_pending(self) -> None:
-        self._flush_scheduled = False
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         pending, self._pending = self._pending, {}
         for model, ops in pending.items():
-            self._background.spawn(self.inflight.settle(model, list(ops.items())))
+            if ops:
+                self._background.spawn(self.inflight.settle(model, list(ops.items())))
 
     # ---- the steps ------------------------------------------------------------------------------
     def _table(self, model: str, workers: Sequence[LiveWorker]) -> WorkerTable:
@@ -204,7 +230,8 @@ class KvPolicy:
         chain_no = np.searchsorted(block_sizes, sizes)
         table = WorkerTable(
             workers=tuple(workers), ids=ids, slots=slots, sizes=sizes, block_sizes=block_sizes,
-            candidates=self.inflight.candidates(model, ids, slots, sizes / sizes.min(), active, chain_no, caps),
+            candidates=self.inflight.candidates(model, ids, [r.queue for r in records], slots, sizes / sizes.min(),
+                                                active, chain_no, caps),
             chain_no=chain_no, indexed=indexed,
             tags=np.fromiter((owner_tag(ids[i]) for i in indexed), np.int64, count=indexed.size),
             active=active,

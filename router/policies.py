@@ -28,12 +28,27 @@ class RouterOverrides:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskParts:
+    """A task message for a queue not chosen yet: ``head + queue + tail`` (workers.wire.task_message_parts)."""
+
+    head: bytes
+    tail: bytes
+
+    def for_queue(self, queue: str) -> bytes:
+        return self.head + queue.encode() + self.tail
+
+
+@dataclass(frozen=True, slots=True)
 class RouteRequest:
+    """``task``: the message to enqueue on the chosen queue; a policy that can route and enqueue in
+    one step does so (and says ``enqueued`` in its decision), otherwise the caller enqueues it."""
+
     request_id: str
     model: str
     token_ids: Sequence[int]
     lora: str | None = None
     overrides: RouterOverrides = field(default_factory=RouterOverrides)
+    task: TaskParts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +57,7 @@ class RouteDecision:
     queue: str
     overlap_blocks: int = 0
     cost: float = 0.0
+    enqueued: bool = False
 
 
 class Policy(Protocol):

@@ -71,3 +71,18 @@ def task_message(
         },
     }
     return orjson.dumps(envelope)
+
+
+#: Stands for the queue name in :func:`task_message_parts` (never part of a real message).
+_QUEUE_MARK = "\x1fsluice-queue\x1f"
+_QUEUE_MARK_JSON = orjson.dumps(_QUEUE_MARK)[1:-1]
+
+
+def task_message_parts(task_name: str, args: list[Any], *, task_id: str | None = None,
+                       argsrepr: str | None = None) -> tuple[bytes, bytes]:
+    """:func:`task_message` for a queue not chosen yet: ``(head, tail)`` such that
+    ``head + queue + tail`` is the message for ``queue`` (a queue name needs no JSON escaping). The
+    KV router pushes it onto the queue it picks, in the same Redis call."""
+    head, tail = task_message(task_name, args, _QUEUE_MARK, task_id=task_id, argsrepr=argsrepr).split(
+        _QUEUE_MARK_JSON)
+    return head, tail

@@ -15,7 +15,7 @@ from core.keys import Keys
 from core.settings import RouterSettings
 from router.hashing import block_hashes, root_hash
 from router.kv_policy import KvPolicy
-from router.policies import RouteRequest, RouterOverrides
+from router.policies import RouteRequest, RouterOverrides, TaskParts
 from router.prefix_index import PrefixIndex
 from sluice.devstack import RedisServer
 from tests.router.factories import RoundTripCounter, make_worker, wait_for
@@ -136,9 +136,35 @@ async def test_round_trips(counter: RoundTripCounter, keys: Keys, index: PrefixI
     p.release("b")
     p.prefill_done("c")
     sends, _ = await counter.count(p.flush)
-    assert sends == 1  # everything released in one loop turn goes in one call
+    assert sends == 1  # everything pending goes in one call
     sums = np.frombuffer(await counter.client.get(keys.router_inflight("m")), dtype=">u4").reshape(-1, 2)
     assert sums.sum(axis=0).tolist() == [512, 0]  # c's decode blocks; its prefill is done, b is gone
+    p.release("c")
+    sends, _ = await counter.count(lambda: p.choose(req("d"), workers))
+    assert sends == 1  # the pending release rode along with the next decision: no call of its own
+    sums = np.frombuffer(await counter.client.get(keys.router_inflight("m")), dtype=">u4").reshape(-1, 2)
+    assert sums.sum(axis=0).tolist() == [10, 10]  # only d: c was released first, in the same call
+
+
+async def test_choose_enqueues_the_task_on_the_chosen_queue_once(counter: RoundTripCounter, keys: Keys,
+                                                                 index: PrefixIndex) -> None:
+    await index.resync("w1", 1, "m", chain(PROMPT), 0)
+    workers = [make_worker("w0", 0), make_worker("w1", 1)]
+    p = policy(counter.client, keys)
+    await p.choose(req("warm"), workers)  # loads the script
+    task = TaskParts(b'{"head":"', b'"}')
+    await counter.client.delete("q.w0", "q.w1")  # the factory's queue names are not namespaced
+    try:
+        sends, d = await counter.count(lambda: p.choose(RouteRequest("r1", "m", PROMPT, task=task), workers))
+        assert (sends, d.worker_id, d.queue, d.enqueued) == (1, "w1", "q.w1", True)  # routed and enqueued at once
+        assert await counter.client.lrange("q.w1", 0, -1) == [b'{"head":"q.w1"}']
+        # The same request decided again (a call repeated after a lost reply) is not enqueued twice.
+        await p.choose(RouteRequest("r1", "m", PROMPT, task=task), workers)
+        assert await counter.client.llen("q.w1") == 1 and await counter.client.llen("q.w0") == 0
+        d = await p.choose(req("r2"), workers)  # no task: nothing enqueued
+        assert not d.enqueued and await counter.client.llen("q.w1") == 1
+    finally:
+        await counter.client.delete("q.w0", "q.w1")
 
 
 async def test_overrides_pin_temperature_and_weight(aredis: aioredis.Redis, keys: Keys, index: PrefixIndex) -> None:
