@@ -273,10 +273,6 @@ local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64
 for _, rid in ipairs(expired) do undo(rid) end
 if #expired > 0 then call_chunked('ZREM', KEYS[3], expired) end
 local rid = ARGV[1]
--- Releases and prefill-done marks this router had pending ride along: applied before the costs.
-local nc = #ARGV[7] / 48
-local ops_at = 11 + 2 * tonumber(ARGV[11]) + 2 * nc + 3
-settle(KEYS[1], KEYS[2], KEYS[3], ARGV, ops_at, #ARGV)
 -- A request id decided before: its prediction is replaced, and its task (if any) was pushed then (a
 -- call repeated after a lost reply must not enqueue the request twice).
 local again = undo(rid)
@@ -284,6 +280,8 @@ local again = undo(rid)
 local READ_CHUNK = 64
 local cols, unpack_cols, band, rshift, floor = ARGV[7], struct.unpack, bit.band, bit.rshift, math.floor
 local n = #cols / 48
+-- Releases and prefill-done marks this router had pending ride along: applied before the costs.
+settle(KEYS[1], KEYS[2], KEYS[3], ARGV, 11 + 2 * tonumber(ARGV[11]) + 2 * n + 3, #ARGV)
 local slot, scale, active, chain, cap, tag, overlap = {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
   slot[i], scale[i], active[i], chain[i], cap[i], tag[i] = unpack_cols('<dddddd', cols, 48 * i - 47)

@@ -39,7 +39,7 @@ class Candidates:
     count: int
     n_keys: int
     packed_keys: bytes
-    columns: bytes
+    packed_columns: bytes
     packed_ids: bytes
     packed_queues: bytes
 
@@ -80,7 +80,7 @@ class InflightStore:
         tags = np.fromiter((owner_tag(w) for w in worker_ids), dtype=np.float64, count=len(worker_ids))
         columns = np.column_stack([slots, scale, active, np.asarray(chain) + 1, approx_cap, tags]).astype("<f8")
         return Candidates(count=len(worker_ids), n_keys=len(keys), packed_keys=pack_args(*keys),
-                          columns=columns.tobytes(), packed_ids=pack_args(*worker_ids),
+                          packed_columns=pack_args(columns.tobytes()), packed_ids=pack_args(*worker_ids),
                           packed_queues=pack_args(*queues))
 
     async def decide(
@@ -108,7 +108,7 @@ class InflightStore:
         per_chain = [x for chain, blocks in zip(chains, prompt_blocks, strict=True) for x in (blocks, hex_chain(chain))]
         args = pack_args(request_id, self.ttl_ms, repr(float(u)), repr(float(temperature)),
                          0 if pinned is None else pinned + 1, repr(float(weight))) + \
-            b"$%d\r\n%s\r\n" % (len(candidates.columns), candidates.columns) + \
+            candidates.packed_columns + \
             pack_args(model, self.keys.kv_block_prefix(model), int(approx_ttl_s * 1000), len(chains), *per_chain) + \
             candidates.packed_ids + candidates.packed_queues + \
             (pack_args(task.head, task.tail) if task is not None else pack_args("", "")) + \
@@ -117,14 +117,6 @@ class InflightStore:
             candidates.n_keys, candidates.packed_keys, 13 + len(per_chain) + 2 * candidates.count + 2 * len(settle),
             args)
         return Decision(int(chosen) - 1, float(cost), int(overlap), approx.decode())
-
-    async def release(self, model: str, request_id: str) -> bool:
-        """Forget the request's prediction (it finished). Returns whether there was one."""
-        return bool(await self.settle(model, [(request_id, "all")]))
-
-    async def prefill_done(self, model: str, request_id: str) -> bool:
-        """The request's prompt is computed (first token out): its blocks stop counting as queued prefill."""
-        return bool(await self.settle(model, [(request_id, "prefill")]))
 
     async def settle(self, model: str, ops: Sequence[tuple[str, str]]) -> int:
         """Apply ``(request_id, 'all' | 'prefill')`` operations in order, in one call. Returns how many

@@ -59,24 +59,21 @@ def _mget_rows(prefix: bytes, capacity: int) -> np.ndarray:
     return rows
 
 
-def pack_keys(prefix: bytes, block_hashes: Sequence[int], hexes: bytes | None = None) -> bytes:
-    """The RESP bulk strings of ``prefix`` + the 16 hex digits of each hash (``Keys.kv_block``), one after
-    another: the arguments of an ``MGET`` or the block keys of a script call. ``hexes``: the hashes'
-    :func:`hex_digits`, when the caller has them already."""
+def pack_mget(prefix: bytes, block_hashes: Sequence[int], hexes: bytes | None = None) -> bytes:
+    """``MGET`` of ``prefix`` + the 16 hex digits of each hash (``Keys.kv_block``), in RESP.
+    ``hexes``: the hashes' :func:`hex_digits`, when the caller has them already."""
     n = len(block_hashes)
-    if n == 0:
-        return b""
     digits = hex_digits(block_hashes) if hexes is None else hexes
     template = _mget_rows(prefix, 1 << max(n - 1, 0).bit_length())
     out = template[:n].copy()
     at = template.shape[1] - 18
     out[:, at: at + 16] = np.frombuffer(digits, dtype=np.uint8).reshape(n, 16)
-    return out.tobytes()
+    return b"*%d\r\n$4\r\nMGET\r\n" % (n + 1) + out.tobytes()
 
 
-def pack_mget(prefix: bytes, block_hashes: Sequence[int], hexes: bytes | None = None) -> bytes:
-    """``MGET`` of ``prefix`` + the 16 hex digits of each hash (``Keys.kv_block``), in RESP."""
-    return b"*%d\r\n$4\r\nMGET\r\n" % (len(block_hashes) + 1) + pack_keys(prefix, block_hashes, hexes)
+def pack_args(*args: bytes | str | int) -> bytes:
+    """Arguments in RESP, without the command header (to join with other packed parts)."""
+    return b"".join([_bulk(a) for a in args])
 
 
 async def roundtrip(client: aioredis.Redis, packed: bytes, replies: int) -> list[Any]:
@@ -109,11 +106,10 @@ class PackedScript:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
     async def __call__(self, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
-        return await self.call_packed(len(keys), b"".join([_bulk(k) for k in keys]),
-                                      len(args), b"".join([_bulk(a) for a in args]))
+        return await self.call_packed(len(keys), pack_args(*keys), len(args), pack_args(*args))
 
     async def call_packed(self, n_keys: int, packed_keys: bytes, n_args: int, packed_args: bytes) -> Any:
-        """The call with keys and arguments already in RESP (:func:`pack_args`, :func:`pack_keys`)."""
+        """The call with keys and arguments already in RESP (:func:`pack_args`)."""
         packed = b"".join((b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + n_keys + n_args), _bulk_str(self.sha),
                            _bulk(n_keys), packed_keys, packed_args))
         try:
@@ -123,7 +119,3 @@ class PackedScript:
             (reply,) = await roundtrip(self.client, packed, 1)
         return reply
 
-
-def pack_args(*args: bytes | str | int) -> bytes:
-    """Arguments in RESP, without the command header (to join with other packed parts)."""
-    return b"".join([_bulk(a) for a in args])
