@@ -87,5 +87,5 @@ class FrontendRuntime:
         await self.directory.close()
         await self.hub.close()
         await self._background.drain()
-        await self.kv_policy.flush()
+        await self.kv_policy.aclose()
         await self.redis.aclose()

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import redis.asyncio as aioredis
+import uvloop
 from rich.console import Console
 from rich.table import Table
 
@@ -362,7 +363,7 @@ def cli() -> None:
     parser.add_argument("--only-target", action="store_true",
                         help="measure only 8K tokens × 64 workers at --blocks (no growth, read comparison or ingest)")
     args = parser.parse_args()
-    results = asyncio.run(main(args))
+    results = uvloop.run(main(args))  # the frontend's loop (uvicorn runs on uvloop)
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "router_target.json" if args.only_target else "router.json"
     (RESULTS / name).write_text(json.dumps(results, indent=2))

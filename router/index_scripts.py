@@ -238,22 +238,36 @@ for j = 1, #KEYS, 2 do n = n + expire_guesses(KEYS[j], KEYS[j + 1], now, limit) 
 return n
 """
 
-#: Scores, decides, records and enqueues in one atomic step (ONE round trip per request): reads the
-#: prompt's block bitmaps and the slot owner tags, finds each candidate's leading overlap, reads the
-#: in-flight sums, computes the costs, picks, records the prediction and pushes the task message. Routers deciding at
-#: the same moment take turns: each decision sees every prediction recorded before it.
+#: Scores, decides, records and enqueues in one atomic step (ONE round trip per request): finds each
+#: candidate's leading overlap in the prompt's block bitmaps (checking the slot owner tags), reads the
+#: in-flight sums, computes the costs, picks, records the prediction and pushes the task message.
+#: Routers deciding at the same moment take turns: each decision sees every prediction recorded before it.
+#:
+#: Overlaps are found by search, not by reading every block: the index holds prefix-closed chains (a
+#: worker holding a block holds its parent; see router.prefix_index), so along a prompt's chain the
+#: bitmap R(i) of block i only ever loses bits, and each candidate's run ends where R changes. The
+#: script reads R at the chain's two ends, then, while two read positions a < b have different
+#: bitmaps, reads SPLIT - 1 evenly spaced positions between them (one MGET per round for every such
+#: span), until every change is pinned to two neighbouring blocks: about 3 rounds and 10-20 keys for a
+#: 512-block prompt, against one read per block. Only candidates whose bit is set in the first block's
+#: bitmap (found from its set bits through the slot lookup) can have an overlap, so the per-candidate
+#: work is the cost alone.
+#:
 #: KEYS: in-flight sums, in-flight requests, in-flight expiry, slot owners, slot tags, then for every
 #: candidate in approximate mode its approx zset and its meta (in candidate order).
 #: ARGV: 1 request_id, 2 prediction ttl ms, 3 u (uniform in [0, 1): ties and sampling), 4 temperature,
-#: 5 pinned candidate (1-based, 0 = none), 6 overlap score weight, 7 candidate columns (6 little-endian
-#: doubles per candidate: slot, scale B_w/B_min, heartbeat active blocks, chain number (1-based), approx
-#: cap (0: not approximate), owner tag), 8 model, 9 block key prefix, 10 approx ttl ms, 11 number of
-#: chains c (one per distinct block size), then per chain the prompt's length in blocks (the partial last
-#: block included) and its hex chain (``hex_chain``), then the candidates' worker ids, then their
-#: queues, then the task message's head and tail ('' and '': enqueue nothing): the script LPUSHes
-#: ``head .. queue .. tail`` onto the chosen worker's queue (workers.wire.task_message_parts), then
-#: any number of pending in-flight operations (pairs, as RELEASE takes them), applied first.
-#: The bitmaps are read in slices of READ_CHUNK blocks, up to the first block nobody holds.
+#: 5 pinned candidate (1-based, 0 = none), 6 overlap score weight, 7 hot columns (5 little-endian doubles
+#: per candidate: slot, scale B_w/B_min, heartbeat active blocks, chain number (1-based), owner tag), 8
+#: cold columns (6 little-endian doubles per candidate: approx cap (0: not approximate), its number among
+#: the approximate candidates, offset and length of its worker id in ARGV 9, offset and length of its
+#: queue in ARGV 9), 9 the candidates' worker ids and queues, concatenated, 10 slot lookup (a
+#: little-endian uint16 per slot from 0 to the highest candidate slot: the candidate at that slot,
+#: 1-based, or 0), 11 model, 12 block key prefix, 13 approx ttl ms, 14 and 15 the task message's head and
+#: tail ('' and '': enqueue nothing; the script LPUSHes ``head .. queue .. tail`` onto the chosen
+#: worker's queue, workers.wire.task_message_parts), 16 number of chains c (one per distinct block
+#: size), then per chain the prompt's length in blocks (the partial last block included) and its hex
+#: chain (``hex_chain``), then any number of pending in-flight operations (pairs, as RELEASE takes
+#: them), applied first.
 #: Cost of candidate i, in the same order of operations as router.scoring.evaluate (sw = scale * weight):
 #:   sw * (prompt - overlap) + sw * queued_sum + scale * max(active, decode_sum)
 #: Returns {chosen (1-based), cost, overlap of the chosen, approx status ('' | 'ok' | 'busy')}.
@@ -268,6 +282,21 @@ local function undo(rid)
   return true
 end
 
+-- The values of a string packed as one repeated item of ``size`` bytes (a struct format with its byte
+-- order, one value per item), as one flat table; chunked, since a Lua call returns at most a few
+-- thousand values.
+local function unpack_all(item, size, data)
+  local n = math.floor(#data / size)
+  if n <= 2000 then return {struct.unpack(string.rep(item, n), data)} end
+  local out = {}
+  for first = 0, n - 1, 2000 do
+    local m = math.min(2000, n - first)
+    local v = {struct.unpack(string.rep(item, m), data, size * first + 1)}
+    for k = 1, m do out[first + k] = v[k] end
+  end
+  return out
+end
+
 local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)
 for _, rid in ipairs(expired) do undo(rid) end
@@ -277,76 +306,117 @@ local rid = ARGV[1]
 -- call repeated after a lost reply must not enqueue the request twice).
 local again = undo(rid)
 
-local READ_CHUNK = 64
-local cols, unpack_cols, band, rshift, floor = ARGV[7], struct.unpack, bit.band, bit.rshift, math.floor
-local n = #cols / 48
+local nchains = tonumber(ARGV[16])
 -- Releases and prefill-done marks this router had pending ride along: applied before the costs.
-settle(KEYS[1], KEYS[2], KEYS[3], ARGV, 11 + 2 * tonumber(ARGV[11]) + 2 * n + 3, #ARGV)
-local slot, scale, active, chain, cap, tag, overlap = {}, {}, {}, {}, {}, {}, {}
-for i = 1, n do
-  slot[i], scale[i], active[i], chain[i], cap[i], tag[i] = unpack_cols('<dddddd', cols, 48 * i - 47)
-  overlap[i] = 0
+settle(KEYS[1], KEYS[2], KEYS[3], ARGV, 17 + 2 * nchains, #ARGV)
+
+local SPLIT = 8
+local unpack_at, byte, floor, band, rshift = struct.unpack, string.byte, math.floor, bit.band, bit.rshift
+-- H[5i-4 .. 5i]: slot, scale, active, chain, tag of candidate i.
+local H = unpack_all('<d', 8, ARGV[7])
+local n = #ARGV[7] / 40
+local lookup, prefix = ARGV[10], ARGV[12]
+local nslots = #lookup / 2
+local tags = nil
+local overlap, prompt = {}, {}
+
+local function holds(v, s)
+  if not v then return false end
+  local x = byte(v, floor(s / 8) + 1)
+  return x ~= nil and band(x, rshift(128, s % 8)) ~= 0
 end
 
--- Overlaps: per chain, the candidates whose slot the index says is theirs start 'alive'; walking the
--- chain's bitmaps, a candidate drops out at the first block without its bit. Consecutive blocks nearly
--- always have the same holders, so only blocks whose bitmap differs from the previous one are looked at.
-local tags = redis.call('GET', KEYS[5]) or ''
-local prefix, nchains = ARGV[9], tonumber(ARGV[11])
-local prompt = {}
 for c = 1, nchains do
-  local hex = ARGV[11 + 2 * c]
+  local hex = ARGV[16 + 2 * c]
   local count = #hex / 16
-  prompt[c] = tonumber(ARGV[10 + 2 * c])
-  local alive = {}
-  for i = 1, n do
-    local s = slot[i]
-    if chain[i] == c and s >= 0 and #tags >= 4 * s + 4 and unpack_cols('>I4', tags, 4 * s + 1) == tag[i] then
-      alive[#alive + 1] = i
+  prompt[c] = tonumber(ARGV[15 + 2 * c])
+  local R = {}
+  local function fetch(pos)
+    local names = {}
+    for j = 1, #pos do
+      local q = pos[j]
+      names[j] = prefix .. string.sub(hex, 16 * q + 1, 16 * q + 16)
     end
+    local values = redis.call('MGET', unpack(names))
+    for j = 1, #pos do R[pos[j]] = values[j] end
   end
-  if count > 0 and #alive > 0 then
-    local held = count
-    local prev = nil
-    local b = 0
-    -- Read in slices, stopping after the first block nobody holds: the run cannot go past it, and a
-    -- missing key costs Redis more than a present one.
-    for a = 0, count - 1, READ_CHUNK do
-      local names = {}
-      for q = a, math.min(a + READ_CHUNK, count) - 1 do names[#names + 1] = prefix .. string.sub(hex, 16 * q + 1, 16 * q + 16) end
-      local part = redis.call('MGET', unpack(names))
-      for j = 1, #part do
-        local v = part[j]
-        b = b + 1
-        if not v then held = b - 1; break end
-        if v ~= prev then
-          local keep = {}
-          for _, i in ipairs(alive) do
-            local s = slot[i]
-            local byte = string.byte(v, floor(s / 8) + 1)
-            if byte and band(byte, rshift(128, s % 8)) ~= 0 then keep[#keep + 1] = i else overlap[i] = b - 1 end
+  if count > 0 then fetch(count > 1 and {0, count - 1} or {0}) end
+  -- The candidates of this chain holding its first block, at a slot the index says is theirs.
+  local alive = {}
+  local first = R[0]
+  local nbytes = first and math.min(#first, floor((nslots + 7) / 8)) or 0
+  if nbytes > 0 then
+    local bytes = {byte(first, 1, nbytes)}
+    for b = 1, nbytes do
+      local x = bytes[b]
+      if x ~= 0 then
+        for k = 0, 7 do
+          local s = 8 * b - 8 + k
+          if band(x, rshift(128, k)) ~= 0 and s < nslots then
+            local i = unpack_at('<I2', lookup, 2 * s + 1)
+            if i > 0 and H[5 * i - 1] == c then
+              tags = tags or redis.call('GET', KEYS[5]) or ''
+              if #tags >= 4 * s + 4 and unpack_at('>I4', tags, 4 * s + 1) == H[5 * i] then alive[#alive + 1] = i end
+            end
           end
-          alive = keep
-          if #alive == 0 then break end
-          prev = v
         end
       end
-      if #alive == 0 or held < count then break end
     end
-    for _, i in ipairs(alive) do overlap[i] = held end
+  end
+  if #alive > 0 then
+    -- bounds: the positions b where R(b - 1) ~= R(b), i.e. where some bit's run ends.
+    local bounds = {}
+    local open = {}
+    if count > 1 and R[0] ~= R[count - 1] then open = {0, count - 1} end
+    while #open > 0 do
+      local pos, spans = {}, {}
+      for k = 1, #open, 2 do
+        local lo, hi = open[k], open[k + 1]
+        if hi - lo == 1 then
+          bounds[#bounds + 1] = hi
+        else
+          local points, last = {lo}, lo
+          for j = 1, SPLIT - 1 do
+            local q = lo + floor(j * (hi - lo) / SPLIT)
+            if q > last then points[#points + 1] = q; pos[#pos + 1] = q; last = q end
+          end
+          points[#points + 1] = hi
+          spans[#spans + 1] = points
+        end
+      end
+      if #pos > 0 then fetch(pos) end
+      open = {}
+      for _, points in ipairs(spans) do
+        for j = 1, #points - 1 do
+          local a, b = points[j], points[j + 1]
+          if R[a] ~= R[b] then open[#open + 1] = a; open[#open + 1] = b end
+        end
+      end
+    end
+    table.sort(bounds)
+    for _, i in ipairs(alive) do
+      local s, run = H[5 * i - 4], count
+      for _, b in ipairs(bounds) do
+        if not holds(R[b], s) then run = b; break end
+      end
+      overlap[i] = run
+    end
   end
 end
 
 local weight = tonumber(ARGV[6])
 local sums = redis.call('GET', KEYS[1]) or ''
-local nsums = #sums
+-- S[2s+1], S[2s+2]: decode and queued prefill sums of slot s (slots past the string read as 0).
+local top = math.min(nslots, floor(#sums / 8))
+local S = top > 0 and unpack_all('>I4', 4, string.sub(sums, 1, 8 * top)) or {}
 local costs, low, max = {}, math.huge, math.max
 for i = 1, n do
-  local s = slot[i]
+  local o = 5 * i - 5
+  local s, scale = H[o + 1], H[o + 2]
   local dsum, psum = 0, 0
-  if s >= 0 and nsums >= s * 8 + 8 then dsum, psum = unpack_cols('>I4I4', sums, s * 8 + 1) end
-  local sw = scale[i] * weight
-  local c = sw * (prompt[chain[i]] - overlap[i]) + sw * psum + scale[i] * max(active[i], dsum)
+  if s >= 0 and s < top then dsum, psum = S[2 * s + 1], S[2 * s + 2] end
+  local sw = scale * weight
+  local c = sw * (prompt[H[o + 4]] - (overlap[i] or 0)) + sw * psum + scale * max(H[o + 3], dsum)
   costs[i] = c
   if c < low then low = c end
 end
@@ -366,29 +436,26 @@ if chosen == 0 then
   end
 end
 
-local base = 11 + 2 * nchains
-local wid = ARGV[base + chosen]
-local s, c = slot[chosen], chain[chosen]
-local d, p = prompt[c], prompt[c] - overlap[chosen]
+local cap, approx_no, woff, wlen, qoff, qlen = unpack_at('<dddddd', ARGV[8], 48 * chosen - 47)
+local wid = string.sub(ARGV[9], woff + 1, woff + wlen)
+local s, c, tag = H[5 * chosen - 4], H[5 * chosen - 1], H[5 * chosen]
+local ov = overlap[chosen] or 0
+local d, p = prompt[c], prompt[c] - ov
 redis.call('HSET', KEYS[2], rid, string.format('%d %d %d ', s, d, p) .. wid)
 add_sums(KEYS[1], s, d, p)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), rid)
-local head = ARGV[base + 2 * n + 1]
+local head = ARGV[14]
 if head ~= '' and not again then
   -- The task message for the chosen worker's queue: enqueued in the same step as the prediction.
-  local queue = ARGV[base + n + chosen]
-  redis.call('LPUSH', queue, head .. queue .. ARGV[base + 2 * n + 2])
+  local queue = string.sub(ARGV[9], qoff + 1, qoff + qlen)
+  redis.call('LPUSH', queue, head .. queue .. ARGV[15])
 end
 local cost = string.format('%.17g', costs[chosen])
 
-if cap[chosen] <= 0 then return {chosen, cost, overlap[chosen], ''} end
+if cap <= 0 then return {chosen, cost, ov, ''} end
 -- Approximate mode: the chosen worker is taken to cache the prompt's blocks from now on.
 local owner = redis.call('HGET', KEYS[4], s)
-if owner and owner ~= wid then return {chosen, cost, overlap[chosen], 'busy'} end
-local approx_no = 0
-for i = 1, chosen do
-  if cap[i] > 0 then approx_no = approx_no + 1 end
-end
+if owner and owner ~= wid then return {chosen, cost, ov, 'busy'} end
 local zkey, mkey = KEYS[5 + 2 * approx_no - 1], KEYS[5 + 2 * approx_no]
 local old_slot = tonumber(redis.call('HGET', mkey, 'slot'))
 if old_slot and old_slot ~= s then
@@ -396,11 +463,12 @@ if old_slot and old_slot ~= s then
   clear_worker(mkey, nil, zkey)
   unclaim(KEYS[4], KEYS[5], old_slot, wid)
 end
-if not owner then claim(KEYS[4], KEYS[5], s, wid, tag[chosen]) end
-redis.call('HSET', mkey, 'slot', s, 'model', ARGV[8], 'bprefix', prefix)
+if not owner then claim(KEYS[4], KEYS[5], s, wid, tag) end
+redis.call('HSET', mkey, 'slot', s, 'model', ARGV[11], 'bprefix', prefix)
 expire_guesses(zkey, mkey, now, 512)
-local expiry, hex = now + tonumber(ARGV[10]), ARGV[11 + 2 * c]
--- Deeper blocks get slightly earlier expiries, so the size cap evicts a chain from its tail.
+local expiry, hex = now + tonumber(ARGV[13]), ARGV[16 + 2 * c]
+-- Deeper blocks get slightly earlier expiries, so the size cap (and expiry) evicts a chain from its
+-- tail: the guesses stay prefix-closed, as the search above needs.
 local args, k = {}, 0
 for q = 1, #hex, 16 do
   local h = string.sub(hex, q, q + 15)
@@ -412,12 +480,12 @@ end
 for a = 1, #args, CHUNK do
   redis.call('ZADD', zkey, unpack(args, a, math.min(a + CHUNK - 1, #args)))
 end
-local over = redis.call('ZCARD', zkey) - cap[chosen]
+local over = redis.call('ZCARD', zkey) - cap
 if over > 0 then
   local popped = redis.call('ZPOPMIN', zkey, over)
   for j = 1, #popped, 2 do clear(prefix .. popped[j], s) end
 end
-return {chosen, cost, overlap[chosen], 'ok'}
+return {chosen, cost, ov, 'ok'}
 """
 
 #: KEYS: in-flight sums, in-flight requests, in-flight expiry. ARGV: pairs of request_id and 'all'

@@ -25,23 +25,22 @@ import redis.asyncio as aioredis
 from core.keys import Keys
 from router import index_scripts
 from router.policies import TaskParts
-from router.prefix_index import hex_chain, owner_tag
-from router.resp import PackedScript, pack_args
+from router.prefix_index import owner_tag
+from router.resp import hex_digits, pack_args
+from router.resp_channel import PackedScript, RespChannel
 
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
     """The workers a decision may pick, packed once per candidate list (the frontend reuses it while its
     registry snapshot stands): the fixed keys of the call (sums, requests, expiry, slot owners, slot tags,
-    then an approx zset and meta per approximate candidate), the per-candidate columns the script
-    reads, and the worker ids. See ``index_scripts.DECIDE``."""
+    then an approx zset and meta per approximate candidate) and the script's candidate arguments (hot and
+    cold columns, worker ids and queues, slot lookup). See ``index_scripts.DECIDE``."""
 
     count: int
     n_keys: int
     packed_keys: bytes
-    packed_columns: bytes
-    packed_ids: bytes
-    packed_queues: bytes
+    packed_args: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +56,13 @@ class Decision:
 
 
 class InflightStore:
-    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: float) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: float, channel: RespChannel | None = None) -> None:
         self.client = client
         self.keys = keys
         self.ttl_ms = int(ttl_s * 1000)
-        self._decide = PackedScript(client, index_scripts.DECIDE)
-        self._release = PackedScript(client, index_scripts.RELEASE)
+        self.channel = channel or RespChannel(client)
+        self._decide = PackedScript(self.channel, index_scripts.DECIDE)
+        self._release = PackedScript(self.channel, index_scripts.RELEASE)
 
     def _keys(self, model: str) -> list[str]:
         k = self.keys
@@ -74,14 +74,29 @@ class InflightStore:
         ``scale`` = B_w / B_min, ``active`` = heartbeat load,
         ``chain`` = the number of the chain of its block size (0-based), ``approx_cap`` > 0: approximate
         mode with at most that many guesses. Owner tags are derived from the ids."""
+        n = len(worker_ids)
+        if n >= 1 << 16:
+            raise ValueError(f"{n} candidates: the slot lookup holds at most 65535")
+        slots = np.asarray(slots, dtype=np.int64)
         keys = [*self._keys(model), self.keys.kv_slot_owners, self.keys.kv_slot_tags]
-        for i in np.flatnonzero(approx_cap > 0):
+        approx = np.flatnonzero(np.asarray(approx_cap) > 0)
+        for i in approx:
             keys += [self.keys.kv_worker_approx(worker_ids[i]), self.keys.kv_worker_meta(worker_ids[i])]
-        tags = np.fromiter((owner_tag(w) for w in worker_ids), dtype=np.float64, count=len(worker_ids))
-        columns = np.column_stack([slots, scale, active, np.asarray(chain) + 1, approx_cap, tags]).astype("<f8")
-        return Candidates(count=len(worker_ids), n_keys=len(keys), packed_keys=pack_args(*keys),
-                          packed_columns=pack_args(columns.tobytes()), packed_ids=pack_args(*worker_ids),
-                          packed_queues=pack_args(*queues))
+        approx_no = np.zeros(n)
+        approx_no[approx] = np.arange(1, approx.size + 1)
+        tags = np.fromiter((owner_tag(w) for w in worker_ids), dtype=np.float64, count=n)
+        hot = np.column_stack([slots, scale, active, np.asarray(chain) + 1, tags]).astype("<f8")
+        # Worker ids and queues, concatenated; the cold columns say where each one is.
+        names = [part.encode() for pair in zip(worker_ids, queues, strict=True) for part in pair]
+        lengths = np.fromiter(map(len, names), dtype=np.int64, count=2 * n)
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        cold = np.column_stack([approx_cap, approx_no, offsets[0::2], lengths[0::2], offsets[1::2],
+                                lengths[1::2]]).astype("<f8")
+        indexed = np.flatnonzero(slots >= 0)
+        lookup = np.zeros(int(slots.max()) + 1 if indexed.size else 0, dtype="<u2")
+        lookup[slots[indexed]] = indexed + 1
+        return Candidates(count=n, n_keys=len(keys), packed_keys=pack_args(*keys),
+                          packed_args=pack_args(hot.tobytes(), cold.tobytes(), b"".join(names), lookup.tobytes()))
 
     async def decide(
         self,
@@ -105,17 +120,18 @@ class InflightStore:
         prediction and, given a ``task``, push it onto the chosen worker's queue: one atomic call, one
         round trip. ``settle``: operations as :meth:`settle` takes them, applied first in the same call.
         A prediction with the same request id replaces the earlier one."""
-        per_chain = [x for chain, blocks in zip(chains, prompt_blocks, strict=True) for x in (blocks, hex_chain(chain))]
-        args = pack_args(request_id, self.ttl_ms, repr(float(u)), repr(float(temperature)),
-                         0 if pinned is None else pinned + 1, repr(float(weight))) + \
-            candidates.packed_columns + \
-            pack_args(model, self.keys.kv_block_prefix(model), int(approx_ttl_s * 1000), len(chains), *per_chain) + \
-            candidates.packed_ids + candidates.packed_queues + \
-            (pack_args(task.head, task.tail) if task is not None else pack_args("", "")) + \
-            pack_args(*(x for op in settle for x in op))
+        per_chain = [x for chain, blocks in zip(chains, prompt_blocks, strict=True)
+                     for x in (blocks, hex_digits(chain))]
+        args = b"".join((
+            pack_args(request_id.encode(), self.ttl_ms, repr(float(u)), repr(float(temperature)),
+                      0 if pinned is None else pinned + 1, repr(float(weight))),
+            candidates.packed_args,
+            pack_args(model, self.keys.kv_block_prefix(model), int(approx_ttl_s * 1000),
+                      *((task.head, task.tail) if task is not None else (b"", b"")), len(chains), *per_chain),
+            pack_args(*(x.encode() for op in settle for x in op)),
+        ))
         chosen, cost, overlap, approx = await self._decide.call_packed(
-            candidates.n_keys, candidates.packed_keys, 13 + len(per_chain) + 2 * candidates.count + 2 * len(settle),
-            args)
+            candidates.n_keys, candidates.packed_keys, 16 + len(per_chain) + 2 * len(settle), args)
         return Decision(int(chosen) - 1, float(cost), int(overlap), approx.decode())
 
     async def settle(self, model: str, ops: Sequence[tuple[str, str]]) -> int:
@@ -123,4 +139,4 @@ class InflightStore:
         found their prediction."""
         if not ops:
             return 0
-        return int(await self._release(self._keys(model), [x for op in ops for x in op]))
+        return int(await self._release(self._keys(model), [x.encode() for op in ops for x in op]))

@@ -46,6 +46,7 @@ from router.inflight import Candidates, Decision, InflightStore
 from router.policies import RouteDecision, RouteRequest
 from router.prefix_index import PrefixIndex, owner_tag
 from router.registry import LiveWorker, WorkerRecord
+from router.resp_channel import RespChannel
 from router.scoring import CostTerms, cost_terms, evaluate, pick_index
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,10 @@ class KvPolicy:
     def __init__(self, client: aioredis.Redis, keys: Keys, settings: RouterSettings,
                  *, rng: random.Random | None = None) -> None:
         self.settings = settings
-        self.index = PrefixIndex(client, keys)
-        self.inflight = InflightStore(client, keys, settings.inflight_ttl_s)
+        #: The one connection this policy's decisions, releases and reads go out on.
+        self.channel = RespChannel(client)
+        self.index = PrefixIndex(client, keys, channel=self.channel)
+        self.inflight = InflightStore(client, keys, settings.inflight_ttl_s, channel=self.channel)
         self._rng = rng or random.Random()
         self._model_of: dict[str, str] = {}
         self._tables: dict[str, WorkerTable] = {}
@@ -180,6 +183,11 @@ class KvPolicy:
         """Send the pending releases now and wait until they reached Redis (tests, shutdown)."""
         self._send_pending()
         await self._background.drain()
+
+    async def aclose(self) -> None:
+        """Flush, then close the policy's connection (process shutdown)."""
+        await self.flush()
+        await self.channel.aclose()
 
     def _settle(self, model: str, request_id: str, op: str) -> None:
         """Queue a release or prefill-done mark. Pending marks ride along with this router's next

@@ -44,7 +44,8 @@ import xxhash
 from core.keys import KV_EVENTS_STREAM_MAXLEN, Keys
 from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch, encode_kv_batch
 from router import index_scripts
-from router.resp import pack_command, pack_mget, roundtrip
+from router.resp import pack_command, pack_mget
+from router.resp_channel import RespChannel
 from router.scoring import leading_overlaps
 
 #: Blocks cleared per purge call: bounds how long one call holds Redis.
@@ -128,9 +129,12 @@ def _uint32_at(blob: bytes, offsets: np.ndarray) -> np.ndarray:
 
 
 class PrefixIndex:
-    def __init__(self, client: aioredis.Redis, keys: Keys, *, stream_maxlen: int = KV_EVENTS_STREAM_MAXLEN) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, *, stream_maxlen: int = KV_EVENTS_STREAM_MAXLEN,
+                 channel: RespChannel | None = None) -> None:
         self.client = client
         self.keys = keys
+        #: The connection the scoring read goes out on (router.resp_channel).
+        self.channel = channel or RespChannel(client)
         self.stream_maxlen = stream_maxlen
         self._apply = client.register_script(index_scripts.APPLY)
         self._resync = client.register_script(index_scripts.RESYNC)
@@ -238,7 +242,7 @@ class PrefixIndex:
         packed.append(_getrange(self.keys.kv_slot_tags, 4 * top))
         if with_sums:
             packed.append(_getrange(self.keys.router_inflight(model), 8 * top))
-        replies = await roundtrip(self.client, b"".join(packed), len(packed))
+        replies = await self.channel.call(b"".join(packed), len(packed))
         overlaps = []
         it = iter(replies)
         for chain in chains:

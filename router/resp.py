@@ -1,30 +1,27 @@
 """Hand-packed Redis commands for the routing hot path (the index read and the decide script), the
-one place that skips redis-py's command packer.
+one place that skips redis-py's command packer (router.resp_channel sends them).
 
 Packing an ``MGET`` of 512 keys, or a script call with one argument per worker, through the client
 costs more than Redis takes to answer it; the keys of a block chain all have the same length, so numpy
-lays the whole command out at once (from a cached template of the constant bytes). The packed
-commands go out on a pooled connection in one write, and the replies come back through the client's
-own parser. Everything else uses the client normally.
+lays the whole command out at once (from a cached template of the constant bytes). Everything else
+uses the client normally.
 """
 
 from __future__ import annotations
 
 import binascii
 import functools
-import hashlib
 import struct
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+
+#: ``str`` arguments up to this long are packed once and remembered (worker ids, key names and script
+#: hashes repeat); pass one-off values (request ids, block chains) as ``bytes``.
+_CACHED_STR_MAX = 200
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=4096)
 def _bulk_str(arg: str) -> bytes:
     data = arg.encode()
     return b"$%d\r\n%s\r\n" % (len(data), data)
@@ -32,7 +29,9 @@ def _bulk_str(arg: str) -> bytes:
 
 def _bulk(arg: bytes | str | int) -> bytes:
     if isinstance(arg, str):
-        return _bulk_str(arg)  # ids, key names and script hashes repeat: packed once
+        if len(arg) <= _CACHED_STR_MAX:
+            return _bulk_str(arg)
+        arg = arg.encode()
     data = arg if isinstance(arg, bytes) else str(arg).encode()
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
@@ -74,48 +73,3 @@ def pack_mget(prefix: bytes, block_hashes: Sequence[int], hexes: bytes | None = 
 def pack_args(*args: bytes | str | int) -> bytes:
     """Arguments in RESP, without the command header (to join with other packed parts)."""
     return b"".join([_bulk(a) for a in args])
-
-
-async def roundtrip(client: aioredis.Redis, packed: bytes, replies: int) -> list[Any]:
-    """Send already-packed commands in one write and read their ``replies``. A broken connection (Redis
-    restarted) is dropped and the commands sent once more on a fresh one."""
-    pool = client.connection_pool
-    for attempt in (1, 2):
-        conn = await pool.get_connection()
-        try:
-            await conn.send_packed_command(packed)
-            return [await conn.read_response() for _ in range(replies)]
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            await conn.disconnect()
-            if attempt == 2:
-                raise
-        except BaseException:
-            await conn.disconnect()  # replies may be left unread: the connection is unusable
-            raise
-        finally:
-            await pool.release(conn)
-    raise AssertionError("unreachable")
-
-
-class PackedScript:
-    """A Lua script called with hand-packed arguments (``EVALSHA``, loading it on ``NOSCRIPT``)."""
-
-    def __init__(self, client: aioredis.Redis, source: str) -> None:
-        self.client = client
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    async def __call__(self, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
-        return await self.call_packed(len(keys), pack_args(*keys), len(args), pack_args(*args))
-
-    async def call_packed(self, n_keys: int, packed_keys: bytes, n_args: int, packed_args: bytes) -> Any:
-        """The call with keys and arguments already in RESP (:func:`pack_args`)."""
-        packed = b"".join((b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + n_keys + n_args), _bulk_str(self.sha),
-                           _bulk(n_keys), packed_keys, packed_args))
-        try:
-            (reply,) = await roundtrip(self.client, packed, 1)
-        except NoScriptError:
-            await self.client.script_load(self.source)
-            (reply,) = await roundtrip(self.client, packed, 1)
-        return reply
-

@@ -189,6 +189,7 @@ def create_app(settings: Settings | None = None, *, reaper: bool = True) -> Fast
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await service.policy.aclose()
             await client.aclose()
 
     app = FastAPI(title="Sluice router", lifespan=lifespan)

@@ -289,3 +289,30 @@ async def test_redis_decision_matches_the_pure_scoring(aredis: aioredis.Redis, k
                             keys.router_inflight_expiry("m"))
         for w in workers:
             await index.purge(w.record.worker_id)
+
+
+@pytest.mark.parametrize("sizes", [(4,), (4, 8)])
+async def test_every_candidate_gets_its_exact_run_on_a_long_prompt(aredis: aioredis.Redis, keys: Keys,
+                                                                   index: PrefixIndex, sizes: tuple[int, ...]) -> None:
+    """The deciding script searches the chain instead of reading every block: each of 64 workers
+    holding its own prefix length (nothing, all, one block, and everything in between, some lengths
+    shared) still gets exactly its run, whatever block size it has."""
+    rng = random.Random(7)
+    tokens = [rng.randrange(50_000) for _ in range(4 * 300 + 3)]  # 300 blocks of 4 (150 of 8) and a partial one
+    workers, runs = [], {}
+    for i in range(64):
+        size = sizes[i % len(sizes)]
+        held = chain(tokens, size)
+        run = [0, len(held), 1, len(held) - 1][i] if i < 4 else rng.choice([rng.randrange(len(held)), 37 // size])
+        workers.append(make_worker(f"w{i}", i, block_size=size))
+        runs[f"w{i}"] = run
+        await index.resync(f"w{i}", i, "m", held[:run], 0)
+    p = policy(aredis, keys)
+    for w in workers:
+        d = await p.choose(req(f"pin-{w.record.worker_id}", tokens, worker_id=w.record.worker_id), workers)
+        assert (d.worker_id, d.overlap_blocks) == (w.record.worker_id, runs[w.record.worker_id])
+        p.release(f"pin-{w.record.worker_id}")
+    await p.flush()
+    expected = await policy(aredis, keys).best(req("free", tokens), workers)  # a full read, scored in numpy
+    assert await p.choose(req("free", tokens), workers) == expected
+    await p.aclose()
