@@ -15,10 +15,21 @@ Invariants:
 * Slots are recycled by the registry when a lease ends. A slot's bits are written only by the worker
   the index records as its owner; a new holder of the slot first purges the previous owner, so the
   bitmaps never credit a worker with a dead predecessor's blocks (readers also check the owner).
+* Each worker's blocks form prefix-closed chains: a worker that holds a block holds its parent. The
+  index does not enforce this, it inherits it from the engines, all of which keep their prefix
+  caches so: a block is computed only while its request holds the whole prefix, and a cached block
+  becomes evictable only when no request holds it, the chain's tail first (vLLM frees a request's
+  blocks in reverse order and evicts least recently freed first, SGLang's radix cache evicts leaves,
+  the mocker does as vLLM); a block whose parent is gone could never be reused anyway. Approximate
+  guesses keep it too (a chain is written whole and expires from its tail). So along a prompt's
+  chain a worker's bit, once cleared, stays cleared, which lets the deciding script search for
+  where each run ends instead of reading every block (``index_scripts.DECIDE``). Were an engine to
+  break it, a worker could be credited with blocks past a hole that falls between two probes; the
+  full read below stays exact.
 * Scoring a prompt against every worker is one Redis round trip (:meth:`PrefixIndex.read`), whatever
   the number of workers: an ``MGET`` of the prompt's block bitmaps (per block size) and a
   ``GETRANGE`` of the slot tags (and of the in-flight sums), pipelined; numpy finds each worker's
-  leading run (router.scoring).
+  leading run (router.scoring). The routers' own decisions search instead (router.inflight).
 
 Usage on a worker host (one task per worker calls these in order)::
 

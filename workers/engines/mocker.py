@@ -194,6 +194,23 @@ class MockerEngine(Engine):
     def cached_block_hashes(self) -> list[int]:
         return self._kv.cached_hashes()
 
+    # ---- what a simulation may read (benchmarks' reference policies; no router can see this) ---
+    def prompt_hit_tokens(self, token_ids: Sequence[int], lora: str | None = None) -> int:
+        """Prompt tokens the prefix cache would reuse if ``token_ids`` were admitted now (as at
+        admission: whole leading blocks, the last prompt token always computed)."""
+        bs = self.settings.block_size
+        root = self._roots.get(lora)
+        if root is None:
+            root = self._roots[lora] = root_hash(self.model, lora)
+        hit = self._kv.cached_prefix(block_hashes(token_ids, bs, root))
+        return min(hit, (len(token_ids) - 1) // bs) * bs
+
+    def pending_prefill_tokens(self) -> int:
+        """Prompt tokens admitted or waiting whose KV is not computed yet (cache hits of waiting requests
+        not subtracted: they are known only at admission)."""
+        running = sum(r.prompt_len - r.num_computed for r in self._running.values() if r.num_computed < r.prompt_len)
+        return running + sum(len(r.tokens) - r.num_computed for r in self._waiting)
+
     async def shutdown(self) -> None:
         self._stopped = True
         for req in list(self._live.values()):
