@@ -271,3 +271,28 @@ async def test_steps_take_at_least_their_modelled_time() -> None:
         total = time.perf_counter() - start
         assert ttft >= 0.95 * prefill_ms(32) / 2 / 1000
         assert total >= 0.95 * (prefill_ms(32) + 9 * decode_ms(0.0)) / 2 / 1000
+
+
+async def test_simulations_can_read_the_cache_hit_and_pending_prefill() -> None:
+    """What the routing benchmark's oracle reads: the hit a prompt would get now (whole blocks, the last
+    prompt token always computed) and the prompt tokens not computed yet."""
+    async with running(block_size=4, kv_blocks=512, max_num_seqs=1) as (engine, _):
+        first = prompt(22)
+        assert engine.prompt_hit_tokens(first) == 0
+        assert engine.pending_prefill_tokens() == 0
+        await run(engine, "a", first, SamplingParams(max_tokens=1, ignore_eos=True))
+        assert engine.prompt_hit_tokens(first) == 20  # 5 whole blocks of the 22 tokens
+        assert engine.prompt_hit_tokens(first[:20]) == 16  # its last token is computed, so 4 blocks
+        assert engine.prompt_hit_tokens(first + prompt(9, salt=1)) == 20
+        assert engine.prompt_hit_tokens(first, lora="other") == 0  # another chain
+        # One sequence at a time: a request that decodes until aborted keeps the next one waiting.
+        busy = asyncio.ensure_future(run(engine, "busy", prompt(8, salt=3), SamplingParams(max_tokens=1500,
+                                                                                        ignore_eos=True)))
+        waiting = asyncio.ensure_future(run(engine, "waiting", prompt(10, salt=2), SamplingParams(max_tokens=1)))
+        async with asyncio.timeout(10):
+            while engine.load().running == 0 or engine.load().waiting == 0:
+                await asyncio.sleep(0)
+        assert engine.pending_prefill_tokens() == 10  # "busy" is decoding; "waiting" has computed nothing
+        await engine.abort("busy")
+        await asyncio.gather(busy, waiting)
+        assert engine.pending_prefill_tokens() == 0
