@@ -42,8 +42,9 @@ from core.settings import RouterSettings
 from router.hashing import block_hashes, root_hash
 from router.kv_policy import KvPolicy
 from router.policies import RouteRequest
-from router.prefix_index import PrefixIndex, hex_chain
+from router.prefix_index import PrefixIndex
 from router.registry import LiveWorker, WorkerLoad, WorkerRecord
+from router.resp import hex_digits
 from router.scoring import leading_overlaps
 from sluice.devstack import RedisServer
 
@@ -171,7 +172,7 @@ async def read_comparison(client: aioredis.Redis, index: PrefixIndex, keys: Keys
     prefix = keys.kv_block_prefix(MODEL)
 
     async def via_walk(chain: list[int]) -> None:
-        leading_overlaps(await walk(args=[prefix, hex_chain(chain)]), slots)
+        leading_overlaps(await walk(args=[prefix, hex_digits(chain)]), slots)
 
     async def via_client_mget(chain: list[int]) -> None:
         values = await client.mget([keys.kv_block(MODEL, h) for h in chain])

@@ -9,7 +9,7 @@ read-only query is a plain pipelined ``MGET``/``GETRANGE`` of the whole chain, s
 
 Conventions shared by every script:
 
-* Block hashes travel as one string of 16 lowercase hex digits per hash (``hex_chain``); a block's
+* Block hashes travel as one string of 16 lowercase hex digits per hash (``router.resp.hex_digits``); a block's
   bitmap key is the model's block key prefix (``Keys.kv_block_prefix``) followed by those 16 digits,
   exactly ``Keys.kv_block``. Python names every other key.
 * A bitmap key exists only while some bit is set: clearing the last bit deletes it.
@@ -267,7 +267,7 @@ return n
 #: tail ('' and '': enqueue nothing; the script LPUSHes ``head .. queue .. tail`` onto the chosen
 #: worker's queue, workers.wire.task_message_parts), 16 number of chains c (one per distinct block
 #: size), then per chain the prompt's length in blocks (the partial last block included) and its hex
-#: chain (``hex_chain``), then any number of pending in-flight operations (pairs, as RELEASE takes
+#: chain (``router.resp.hex_digits``), then any number of pending in-flight operations (pairs, as RELEASE takes
 #: them), applied first.
 #: Cost of candidate i, in the same order of operations as router.scoring.evaluate (sw = scale * weight):
 #:   sw * (prompt - overlap) + sw * queued_sum + scale * max(active, decode_sum)

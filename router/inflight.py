@@ -37,7 +37,6 @@ class Candidates:
     then an approx zset and meta per approximate candidate) and the script's candidate arguments (hot and
     cold columns, worker ids and queues, slot lookup). See ``index_scripts.DECIDE``."""
 
-    count: int
     n_keys: int
     packed_keys: bytes
     packed_args: bytes
@@ -95,7 +94,7 @@ class InflightStore:
         indexed = np.flatnonzero(slots >= 0)
         lookup = np.zeros(int(slots.max()) + 1 if indexed.size else 0, dtype="<u2")
         lookup[slots[indexed]] = indexed + 1
-        return Candidates(count=n, n_keys=len(keys), packed_keys=pack_args(*keys),
+        return Candidates(n_keys=len(keys), packed_keys=pack_args(*keys),
                           packed_args=pack_args(hot.tobytes(), cold.tobytes(), b"".join(names), lookup.tobytes()))
 
     async def decide(

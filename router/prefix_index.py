@@ -43,7 +43,6 @@ Usage on a worker host (one task per worker calls these in order)::
 from __future__ import annotations
 
 import functools
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -55,7 +54,7 @@ import xxhash
 from core.keys import KV_EVENTS_STREAM_MAXLEN, Keys
 from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch, encode_kv_batch
 from router import index_scripts
-from router.resp import pack_command, pack_mget
+from router.resp import hex_digits, pack_command, pack_mget
 from router.resp_channel import RespChannel
 from router.scoring import leading_overlaps
 
@@ -67,11 +66,6 @@ RESYNC_CHUNK_BLOCKS = 100_000
 APPROX_EXPIRE_PER_SWEEP = 10_000
 
 ApplyStatus = Literal["ok", "dup", "gap", "busy"]
-
-
-def hex_chain(block_hashes: Sequence[int]) -> str:
-    """The wire form of a list of block hashes for the scripts: 16 hex digits per hash, as in Keys.kv_block."""
-    return struct.pack(f">{len(block_hashes)}Q", *block_hashes).hex()
 
 
 @functools.lru_cache(maxsize=65536)
@@ -116,17 +110,17 @@ class IndexRead:
     prefill: np.ndarray
 
 
-def _ops(batch: KvEventBatch) -> list[str]:
-    ops: list[str] = []
+def _ops(batch: KvEventBatch) -> list[bytes]:
+    ops: list[bytes] = []
     for event in batch.events:
         if isinstance(event, BlockStored):
             if event.block_hashes:
-                ops.append("S" + hex_chain(event.block_hashes))
+                ops.append(b"S" + hex_digits(event.block_hashes))
         elif isinstance(event, BlockRemoved):
             if event.block_hashes:
-                ops.append("R" + hex_chain(event.block_hashes))
+                ops.append(b"R" + hex_digits(event.block_hashes))
         elif isinstance(event, AllBlocksCleared):
-            ops.append("C")
+            ops.append(b"C")
     return ops
 
 
@@ -188,7 +182,7 @@ class PrefixIndex:
             events = [AllBlocksCleared(), BlockStored(part)] if first else [BlockStored(part)]
             payload = encode_kv_batch(KvEventBatch(worker_id, event_id, events)) if publish else b""
             args = [worker_id, slot, event_id, model, prefix, self.stream_maxlen, payload, owner_tag(worker_id),
-                    1 if first else 0, RESYNC_CHUNK_BLOCKS, hex_chain(part)]
+                    1 if first else 0, RESYNC_CHUNK_BLOCKS, hex_digits(part)]
             busy_with: set[str] = set()
             while True:
                 reply = await self._resync(keys=keys, args=args)
