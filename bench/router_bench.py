@@ -4,10 +4,12 @@ Starts a private Redis, fills the prefix index with ``--blocks`` blocks spread o
 measures, against 4, 64 and 256 candidate workers and prompts of 1K, 8K and 32K tokens (block size
 16; the first half of each prompt cached on three workers):
 
-* ``choose`` — a full routing decision as the frontend makes it: token conversion, block hashing,
-  the index read (one Redis call), numpy scoring and the atomic decide-and-record call; the request
-  is released afterwards, off the clock.
-* ``best`` — the same without recording (the standalone router's ``/best_worker``): one Redis call.
+* ``choose`` — a full routing decision as the frontend makes it, on uvloop as the frontend runs:
+  token conversion, block hashing and the one deciding script call (the chain search, the costs, the
+  pick and the recorded prediction) over the policy's own connection; the request is released
+  afterwards, off the clock.
+* ``best`` — the standalone router's ``/best_worker``: one pipelined read of the whole chain, scored
+  in numpy, nothing recorded.
 
 It then grows the index to ``--max-blocks`` and measures the target case again (8K tokens, 64
 workers), compares the index read (a hand-packed pipelined MGET) with a script walking the chain
