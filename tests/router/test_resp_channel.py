@@ -52,13 +52,18 @@ async def test_error_replies_are_raised_and_the_connection_stays_usable(aredis: 
     await channel.aclose()
 
 
-async def test_a_cancelled_call_does_not_shift_the_replies_of_the_next(aredis: aioredis.Redis) -> None:
+async def test_a_cancelled_call_does_not_shift_the_replies_of_the_next(aredis: aioredis.Redis,
+                                                                     namespace: str) -> None:
     channel = RespChannel(aredis)
     await channel.call(echo("connect"), 1)
-    slow = asyncio.ensure_future(channel.call(pack_command("DEBUG", "SLEEP", "0.2") + echo("slow"), 2))
-    await asyncio.sleep(0.05)  # written, waiting for its replies
+    # BLPOP on an empty list answers (nil) only after its 1 s timeout: the call is still waiting
+    # when it is cancelled, and the next call's command queues behind it on the connection.
+    slow = asyncio.ensure_future(channel.call(pack_command("BLPOP", f"sluice:{namespace}:empty", "1")
+                                              + echo("slow"), 2))
+    await asyncio.sleep(0.05)
     slow.cancel()
     assert await channel.call(echo("next"), 1) == [b"next"]
+    assert slow.cancelled()
     await channel.aclose()
 
 
