@@ -313,6 +313,7 @@ async def main(args: argparse.Namespace) -> dict:
                        "met": results["ingest"]["block_events_per_s"] >= INGEST_TARGET_BLOCKS_PER_S},
         }
     finally:
+        await policy.aclose()
         await client.aclose()
         server.stop()
     print_tables(console, results)

@@ -236,7 +236,7 @@ async def run_policy(redis_url: str, policy_name: str, workload: Workload, n_wor
     await asyncio.gather(*(conversation(c, workload.system[c[0].user]) for c in workload.conversations))
     model_s = loop.time()
     if isinstance(policy, KvPolicy):
-        await policy.flush()
+        await policy.aclose()
     await cluster.stop()
     await client.flushdb()
     await client.aclose()

@@ -160,16 +160,20 @@ class RespChannel:
         protocol = await self._connection()
         return await protocol.request(packed, replies)
 
+    def _usable(self, loop: asyncio.AbstractEventLoop) -> _RespProtocol | None:
+        """The open connection, if it is alive and belongs to ``loop``."""
+        protocol = self._protocol
+        return protocol if protocol is not None and protocol.lost is None and self._loop is loop else None
+
     async def _connection(self) -> _RespProtocol:
         loop = asyncio.get_running_loop()
-        protocol = self._protocol
-        if protocol is not None and protocol.lost is None and self._loop is loop:
+        if (protocol := self._usable(loop)) is not None:
             return protocol
         if self._opening is None or self._loop is not loop:
             self._opening = asyncio.Lock()
         async with self._opening:
-            if self._protocol is not None and self._protocol.lost is None and self._loop is loop:
-                return self._protocol
+            if (protocol := self._usable(loop)) is not None:
+                return protocol
             if self._protocol is not None:
                 self._protocol.close()
             self._protocol = await self._open(loop)
@@ -214,12 +218,9 @@ async def _through_pool(client: aioredis.Redis, packed: bytes, replies: int) -> 
     try:
         await conn.send_packed_command(packed)
         return [await conn.read_response(disable_decoding=True) for _ in range(replies)]
-    except (RedisConnectionError, RedisTimeoutError, OSError):
-        await conn.disconnect()
-        raise
     except BaseException:
         with contextlib.suppress(Exception):
-            await conn.disconnect()  # replies may be left unread: the connection is unusable
+            await conn.disconnect()  # broken, or replies left unread: the connection is unusable
         raise
     finally:
         await pool.release(conn)

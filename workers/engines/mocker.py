@@ -199,10 +199,7 @@ class MockerEngine(Engine):
         """Prompt tokens the prefix cache would reuse if ``token_ids`` were admitted now (as at
         admission: whole leading blocks, the last prompt token always computed)."""
         bs = self.settings.block_size
-        root = self._roots.get(lora)
-        if root is None:
-            root = self._roots[lora] = root_hash(self.model, lora)
-        hit = self._kv.cached_prefix(block_hashes(token_ids, bs, root))
+        hit = self._kv.cached_prefix(block_hashes(token_ids, bs, self._root(lora)))
         return min(hit, (len(token_ids) - 1) // bs) * bs
 
     def pending_prefill_tokens(self) -> int:
@@ -241,9 +238,7 @@ class MockerEngine(Engine):
                 param="messages",
             )
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(64)
-        root = self._roots.get(request.lora)
-        if root is None:
-            root = self._roots[request.lora] = root_hash(self.model, request.lora)
+        root = self._root(request.lora)
         req = _Request(
             request_id=request.request_id, sampling=sampling, tokens=list(prompt), prompt_len=len(prompt),
             key=stream_key(prompt, sampling.temperature, seed), root=root,
@@ -253,6 +248,13 @@ class MockerEngine(Engine):
         self._waiting.append(req)
         self._wakeup.set()
         return req
+
+    def _root(self, lora: str | None) -> int:
+        """The block-hash chain's seed for an adapter (router.hashing.root_hash), computed once."""
+        root = self._roots.get(lora)
+        if root is None:
+            root = self._roots[lora] = root_hash(self.model, lora)
+        return root
 
     def _usage(self, req: _Request) -> Usage:
         return Usage(prompt_tokens=req.prompt_len, completion_tokens=req.emitted, cached_tokens=req.cached_tokens or 0)
