@@ -6,7 +6,7 @@ The loop thread owns everything asynchronous: the engine, the Redis client, the 
 publisher, the heartbeat (lease + load), the control-channel listener (cancel, clear KV) and the
 KV relay that keeps the Redis prefix index equal to the engine's prefix cache (workers.kv_relay).
 
-An engine whose ``publishes_kv_events`` attribute is False (default True) registers with
+An engine whose ``publishes_kv_events`` is False (``workers.engines.base.Engine``) registers with
 ``kv_events=False``: routers then guess its cache from their own decisions (approximate mode), and
 the host only purges those guesses (on ``clear_kv`` and at shutdown).
 
@@ -123,7 +123,7 @@ class EngineHost:
     @property
     def kv_events(self) -> bool:
         """Whether the engine reports its cache (False: the routers' approximate mode)."""
-        return bool(getattr(self.engine, "publishes_kv_events", True))
+        return self.engine.publishes_kv_events
 
     async def _publish_kv_state(self, slot: int) -> None:
         """Make the index hold the engine's whole cache at ``slot`` (go-live, re-registration)."""
@@ -196,7 +196,10 @@ class EngineHost:
                 while len(self._early_cancels) > _EARLY_CANCELS_MAX:
                     self._early_cancels.popitem(last=False)
         elif cmd.op == "clear_kv":
-            await self.engine.clear_kv_cache()  # reports AllBlocksCleared: the relay clears the index
+            try:
+                await self.engine.clear_kv_cache()  # reports AllBlocksCleared: the relay clears the index
+            except SluiceError as exc:  # the engine failed; the control channel stays up
+                log.error("clearing the KV cache failed: %s", exc.message)
             if not self.kv_events:
                 await self.kv.index.purge(self.identity.worker_id)  # the routers' guesses
 

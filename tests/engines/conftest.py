@@ -7,7 +7,8 @@ conformance test shares it, so tests must leave it idle: every request they star
 
 Engine-specific test modules share the same running engine through :func:`shared_engine`
 (tests/workers/test_vllm_engine.py does): vLLM starts in about a minute on CPU, so a session
-starts it once, whichever fixture asks first, and stops it when the last user lets go.
+starts it once, whichever fixture asks first, and stops it when the last user lets go. A test that
+must end an engine (shutdown) takes a private one from the ``own_engine`` fixture instead.
 """
 
 from __future__ import annotations
@@ -102,7 +103,21 @@ async def shared_engine(name: str) -> AsyncIterator[EngineCase]:
                 await shared.case.engine.shutdown()
 
 
-@pytest.fixture(scope="session", params=[pytest.param(name, marks=spec.marks) for name, spec in ENGINES.items()])
+_ENGINE_PARAMS = [pytest.param(name, marks=spec.marks) for name, spec in ENGINES.items()]
+
+
+@pytest.fixture(scope="session", params=_ENGINE_PARAMS)
 async def engine(request: pytest.FixtureRequest) -> AsyncIterator[EngineCase]:
     async with shared_engine(request.param) as case:
         yield case
+
+
+@pytest.fixture(params=_ENGINE_PARAMS)
+async def own_engine(request: pytest.FixtureRequest) -> AsyncIterator[EngineCase]:
+    """A freshly started engine for this test alone (it may shut it down; shut down after it anyway)."""
+    log = KvEventLog()
+    started, expected = await ENGINES[request.param].start(log)
+    try:
+        yield EngineCase(request.param, started, log, expected)
+    finally:
+        await started.shutdown()

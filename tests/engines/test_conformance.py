@@ -7,13 +7,14 @@ never from absolute timings, so the tests hold for a simulated and for a real en
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from core.errors import ContextLengthExceeded, InvalidRequest
+from core.errors import ContextLengthExceeded, InvalidRequest, SluiceError
 from core.messages import SamplingParams
 from router.hashing import block_hashes, root_hash
 from tests.engines.conftest import EngineCase
@@ -23,13 +24,16 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 TIMEOUT_S = 60
 
 
+def new_id(kind: str = "conf") -> str:
+    return f"{kind}-{uuid.uuid4().hex[:12]}"
+
+
 async def collect(case: EngineCase, prompt: list[int], sampling: SamplingParams) -> list[EngineOutput]:
-    request = EngineRequest(f"conf-{uuid.uuid4().hex[:12]}", prompt, sampling)
+    return await run(case, EngineRequest(new_id(), prompt, sampling))
 
-    async def run() -> list[EngineOutput]:
-        return [out async for out in case.engine.generate(request)]
 
-    return await asyncio.wait_for(run(), TIMEOUT_S)
+async def run(case: EngineCase, request: EngineRequest) -> list[EngineOutput]:
+    return await asyncio.wait_for(_drain(case.engine.generate(request)), TIMEOUT_S)
 
 
 def tokens_of(outputs: list[EngineOutput]) -> list[int]:
@@ -136,8 +140,92 @@ async def test_abort_ends_the_stream_and_frees_blocks(engine: EngineCase) -> Non
     await engine.engine.abort("conf-never-seen")  # unknown: a no-op
 
 
-async def _drain(stream) -> list[EngineOutput]:  # type: ignore[no-untyped-def]
+async def _drain(stream: AsyncIterator[EngineOutput]) -> list[EngineOutput]:
     return [out async for out in stream]
+
+
+def assert_idle(case: EngineCase, active_blocks: int) -> None:
+    load = case.engine.load()
+    assert (load.running, load.waiting, load.active_blocks) == (0, 0, active_blocks)
+
+
+async def test_a_duplicate_request_id_is_refused_and_the_live_request_goes_on(engine: EngineCase) -> None:
+    baseline = engine.engine.load().active_blocks
+    prompt = engine.prompt(24)
+    sampling = SamplingParams(max_tokens=12, temperature=0.0)
+    request = EngineRequest(new_id("conf-dup"), prompt, sampling)
+    async with contextlib.aclosing(engine.engine.generate(request)) as stream:
+        head = await asyncio.wait_for(anext(stream), TIMEOUT_S)
+        with pytest.raises(InvalidRequest):
+            await run(engine, EngineRequest(request.request_id, engine.prompt(8), sampling))
+        outputs = [head, *await asyncio.wait_for(_drain(stream), TIMEOUT_S)]
+    assert outputs[-1].finish_reason == "length"
+    assert len(tokens_of(outputs)) == 12
+    if engine.expected is not None:
+        assert (tokens_of(outputs), "length") == engine.expected(prompt, sampling)
+    assert_idle(engine, baseline)
+
+
+async def test_closing_the_iterator_early_frees_the_requests_blocks(engine: EngineCase) -> None:
+    baseline = engine.engine.load().active_blocks
+    request = EngineRequest(new_id("conf-close"), engine.prompt(40), SamplingParams(max_tokens=1000, temperature=0.0))
+    async with contextlib.aclosing(engine.engine.generate(request)) as stream:
+        async for out in stream:
+            assert out.finish_reason is None
+            assert engine.engine.load().active_blocks > baseline
+            break
+    assert_idle(engine, baseline)
+    # The request is gone, not merely unread: its id may be used again.
+    again = await run(engine, EngineRequest(request.request_id, engine.prompt(8), SamplingParams(max_tokens=2)))
+    assert again[-1].finish_reason == "length"
+
+
+async def test_a_dropped_iterator_is_closed_and_frees_the_requests_blocks(engine: EngineCase) -> None:
+    baseline = engine.engine.load().active_blocks
+    request = EngineRequest(new_id("conf-drop"), engine.prompt(40), SamplingParams(max_tokens=1000, temperature=0.0))
+    stream = engine.engine.generate(request)
+    first = await asyncio.wait_for(anext(stream), TIMEOUT_S)
+    assert first.finish_reason is None
+    del stream  # unclosed: the event loop's async-generator finalizer closes it
+
+    def idle() -> bool:
+        load = engine.engine.load()
+        return (load.running, load.waiting, load.active_blocks) == (0, 0, baseline)
+
+    assert await eventually(idle, TIMEOUT_S)
+
+
+async def _ending(stream: AsyncIterator[EngineOutput]) -> str:
+    """How a stream ends: its last finish reason, or "error" when it raises a SluiceError."""
+    try:
+        outputs = await asyncio.wait_for(_drain(stream), TIMEOUT_S)
+    except SluiceError:
+        return "error"
+    return str(outputs[-1].finish_reason)
+
+
+async def test_shutdown_ends_the_running_requests(own_engine: EngineCase) -> None:
+    engine = own_engine.engine
+    sampling = SamplingParams(max_tokens=1000, temperature=0.0)
+    streams = [engine.generate(EngineRequest(new_id("conf-stop"), own_engine.prompt(16), sampling)) for _ in range(3)]
+    for stream in streams[:2]:
+        first = await asyncio.wait_for(anext(stream), TIMEOUT_S)
+        assert first.finish_reason is None
+    submitted = asyncio.ensure_future(anext(streams[2]))  # handed to the engine, no output yet
+    await asyncio.sleep(0)
+
+    await asyncio.wait_for(engine.shutdown(), TIMEOUT_S)
+
+    for stream in streams[:2]:
+        assert await _ending(stream) in ("abort", "error")
+    try:
+        first = await asyncio.wait_for(submitted, TIMEOUT_S)
+        ending = str(first.finish_reason) if first.finish_reason is not None else await _ending(streams[2])
+    except SluiceError:
+        ending = "error"
+    assert ending in ("abort", "error")
+    with pytest.raises(SluiceError):
+        await collect(own_engine, own_engine.prompt(8), SamplingParams(max_tokens=1))
 
 
 async def test_concurrent_requests_are_batched(engine: EngineCase) -> None:
@@ -173,6 +261,35 @@ async def test_clear_kv_cache_is_reported(engine: EngineCase) -> None:
     await engine.engine.clear_kv_cache()
     assert engine.engine.cached_block_hashes() == []
     assert await eventually(lambda: engine.kv_events.replay() == set())
+
+
+async def test_clearing_while_a_request_holds_blocks(engine: EngineCase) -> None:
+    info = engine.engine.info
+    baseline = engine.engine.load().active_blocks
+    unused = engine.prompt(3 * info.block_size + 1)
+    await collect(engine, unused, GREEDY)
+    unused_blocks = set(block_hashes(unused, info.block_size, root_hash(info.model)))
+    assert await eventually(lambda: unused_blocks <= set(engine.engine.cached_block_hashes()))
+
+    prompt = engine.prompt(3 * info.block_size + 5)
+    sampling = SamplingParams(max_tokens=24, temperature=0.0)
+    async with contextlib.aclosing(engine.engine.generate(EngineRequest(new_id("conf-clear"), prompt, sampling))) as stream:
+        head = await asyncio.wait_for(anext(stream), TIMEOUT_S)
+        assert head.finish_reason is None
+        await asyncio.wait_for(engine.engine.clear_kv_cache(), TIMEOUT_S)  # never refused while requests run
+        assert not unused_blocks & set(engine.engine.cached_block_hashes())
+        outputs = [head, *await asyncio.wait_for(_drain(stream), TIMEOUT_S)]
+
+    # The running request went on to its end, its output unchanged.
+    assert outputs[-1].finish_reason == "length"
+    assert len(tokens_of(outputs)) == 24
+    if engine.expected is not None:
+        assert (tokens_of(outputs), "length") == engine.expected(prompt, sampling)
+    assert_idle(engine, baseline)
+    # The events say what stays cached, and the unused blocks are really gone.
+    assert await eventually(lambda: engine.kv_events.replay() == set(engine.engine.cached_block_hashes()))
+    rerun = (await collect(engine, unused, GREEDY))[-1].usage
+    assert rerun is not None and rerun.cached_tokens == 0
 
 
 @pytest.mark.parametrize("prompt_len", [1, 2])

@@ -22,6 +22,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (it lives in .venv-vll
 
 from tokenizers import Tokenizer  # noqa: E402
 
+from core.errors import InvalidRequest  # noqa: E402
 from core.messages import BlockStored, SamplingParams  # noqa: E402
 from core.settings import VllmSettings  # noqa: E402
 from router.hashing import block_hashes, root_hash  # noqa: E402
@@ -148,3 +149,13 @@ async def test_a_prompt_longer_than_the_context_is_refused(engine: EngineCase) -
     assert engine.engine.load().waiting == 0
     outputs = await run(engine, engine.prompt(8), SamplingParams(max_tokens=2, temperature=0.0))
     assert outputs[-1].finish_reason == "length"
+
+
+async def test_a_lora_adapter_is_refused_as_a_bad_request(engine: EngineCase) -> None:
+    """A client's mistake (400), not an engine failure (502): the host passes the error's type on."""
+    request = EngineRequest(f"vllm-lora-{uuid.uuid4().hex[:8]}", engine.prompt(8), SamplingParams(max_tokens=2),
+                            lora="an-adapter")
+    with pytest.raises(InvalidRequest, match="LoRA") as refused:
+        await asyncio.wait_for(anext(engine.engine.generate(request)), 10)
+    assert (refused.value.status_code, refused.value.code) == (400, "lora_not_supported")
+    assert engine.engine.load().running == engine.engine.load().waiting == 0

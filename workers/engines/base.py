@@ -13,29 +13,50 @@ Contract (checked by tests/engines/test_conformance.py, which every engine must 
   The last output, and only it, has ``finish_reason`` set (``stop``: a stop token id or EOS was
   generated, and it is included in ``token_ids``; ``length``: ``max_tokens`` reached; ``abort``:
   aborted) and ``usage`` with exact prompt, cached (prefix-cache hit) and completion token counts.
-  Request ids are unique among running requests.
-  Bad requests (empty prompt, too long for the context or the whole KV cache, duplicate id) and
-  engine failures surface as a :class:`core.errors.SluiceError` subclass raised by the iterator
-  (``InvalidRequest``/``ContextLengthExceeded``/``UpstreamError``), before or between outputs.
+  Bad requests (empty prompt, too long for the context or the whole KV cache, an adapter the
+  engine does not serve) and engine failures surface as a :class:`core.errors.SluiceError`
+  subclass raised by the iterator (``InvalidRequest``/``ContextLengthExceeded``/``UpstreamError``),
+  before or between outputs: never a bare exception, which the client would see as a server error.
+  The engine not running (not started, shut down, dead) is an ``UpstreamError``.
+* Request ids are unique among live requests: a request whose id is already live is refused with
+  ``InvalidRequest`` (at the iterator's first step) and the live one goes on undisturbed.
+* Closing the iterator before its last output (``aclose()``: leaving ``contextlib.aclosing``, or a
+  consumer cancelled inside it) aborts the request as ``abort`` does: its blocks are free when
+  ``aclose`` returns. An iterator dropped without closing is closed later by the event loop's
+  async-generator finalizer, with the same effect.
 * ``abort(request_id)`` makes that request's iterator end promptly with ``finish_reason="abort"``
   and frees its KV blocks before it returns (blocks already in the prefix cache may stay cached).
   Aborting an unknown or finished request is a no-op.
 * KV events: every change to the set of cached full blocks is reported, in order, through the
   ``kv_sink`` given to ``start`` as Sluice block hashes (``router.hashing`` with
-  ``root_hash(info.model, lora)``), from the engine loop thread; the sink never blocks.
+  ``root_hash(info.model, lora)``), from the engine loop thread; the sink never blocks. An engine
+  whose :attr:`Engine.publishes_kv_events` is False never calls the sink (routers then guess its
+  cache from their own decisions: approximate mode).
 * ``cached_block_hashes()`` lists every block hash currently in the prefix cache (for resync).
+* ``clear_kv_cache()`` drops from the prefix cache every block no running request holds, and it
+  never refuses because requests are running. Blocks that running requests hold may be
+  dropped too (vLLM preempts its running requests, which recompute their KV; the mocker keeps
+  them); either way running requests go on and their outputs are unchanged. It reports
+  ``AllBlocksCleared`` and then ``BlockStored`` for whatever is cached afterwards, so a router
+  replaying the events holds ``cached_block_hashes()``. It raises ``UpstreamError`` only when the
+  engine fails.
 * ``load()`` is cheap and thread-safe enough to call from the heartbeat.
-* ``shutdown()`` aborts everything and releases the engine's resources.
+* ``shutdown()`` ends every live request (each iterator ends with ``finish_reason="abort"`` or
+  raises a ``SluiceError``; none is left waiting), refuses new ones, and releases the engine's
+  resources.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from core.messages import FinishReason, KvEvent, SamplingParams, Usage
+
+log = logging.getLogger(__name__)
 
 
 class EngineStartError(RuntimeError):
@@ -88,10 +109,24 @@ def discard_kv_events(events: Sequence[KvEvent]) -> None:
     """A sink that drops events (for tests and engines run without a router)."""
 
 
+def emit_kv_events(sink: KvEventSink, events: Sequence[KvEvent]) -> None:
+    """Hand ``events`` to the host's sink (nothing when empty). A failing sink is logged, not
+    raised: the sink belongs to the host, and a broken one must not stop generation."""
+    if not events:
+        return
+    try:
+        sink(events)
+    except Exception:  # noqa: BLE001 - see the docstring
+        log.exception("KV event sink failed")
+
+
 class Engine(abc.ABC):
     """Base class; see the module docstring for the contract. ``info`` is set by ``start``."""
 
     info: EngineInfo
+    #: Whether the engine reports its cache through the ``kv_sink`` (see the contract). The host
+    #: registers the worker with it, and relays events and ``cached_block_hashes()`` only if True.
+    publishes_kv_events: bool = True
 
     @abc.abstractmethod
     async def start(self, kv_sink: KvEventSink = discard_kv_events) -> None: ...

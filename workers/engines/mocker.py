@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
-from core.messages import AllBlocksCleared, FinishReason, KvEvent, SamplingParams, Usage
+from core.messages import AllBlocksCleared, FinishReason, SamplingParams, Usage
 from core.settings import MockerSettings
 from router.hashing import block_hashes, root_hash
 from workers.engines.base import (
@@ -57,6 +57,7 @@ from workers.engines.base import (
     EngineStartError,
     KvEventSink,
     discard_kv_events,
+    emit_kv_events,
 )
 from workers.engines.mocker_kv import KvBlockManager
 from workers.engines.mocker_timing import step_ms
@@ -119,8 +120,7 @@ _Delivery = tuple[_Request, int, FinishReason | None]
 class MockerEngine(Engine):
     def __init__(self, model: str, settings: MockerSettings, context_length: int = 8192,
                  *, kv_events: bool = True) -> None:
-        #: False simulates an engine that reports nothing about its cache (the routers' approximate mode):
-        #: the KV sink is never called.
+        #: False simulates an engine that reports nothing about its cache (the routers' approximate mode).
         self.publishes_kv_events = kv_events
         self.model = model
         self.settings = settings
@@ -189,7 +189,7 @@ class MockerEngine(Engine):
 
     async def clear_kv_cache(self) -> None:
         self._kv.clear()
-        self._emit(self._kv.take_events())
+        emit_kv_events(self._sink, self._kv.take_events())
 
     def cached_block_hashes(self) -> list[int]:
         return self._kv.cached_hashes()
@@ -345,7 +345,7 @@ class MockerEngine(Engine):
                 log.exception("mocker scheduler step failed")
                 self._fail_all(exc)
                 continue
-            self._emit(self._kv.take_events())
+            emit_kv_events(self._sink, self._kv.take_events())
             if self.settings.no_sleep:
                 await asyncio.sleep(0)
             else:
@@ -437,7 +437,7 @@ class MockerEngine(Engine):
         self._waiting.clear()
         self._running.clear()
         self._kv = KvBlockManager(self.settings.kv_blocks, self.settings.block_size)
-        self._emit([AllBlocksCleared()])
+        emit_kv_events(self._sink, [AllBlocksCleared()])
 
     def _on_scheduler_exit(self, task: asyncio.Task[None]) -> None:
         """The scheduler ends only when shutdown cancels it; anything else is a bug that must not
@@ -447,11 +447,3 @@ class MockerEngine(Engine):
             return
         log.error("mocker scheduler died", exc_info=exc)
         self._fail_all(exc)
-
-    def _emit(self, events: Sequence[KvEvent]) -> None:
-        if not events:
-            return
-        try:
-            self._sink(events)
-        except Exception:  # noqa: BLE001 - a broken sink must not stop generation
-            log.exception("KV event sink failed")

@@ -14,8 +14,17 @@ How the contract is met:
 
 * Prompts go in as token ids, outputs come back as deltas (``RequestOutputKind.DELTA``) without
   detokenization: the frontend owns the tokenizer.
-* ``abort`` returns after vLLM's engine core has processed the abort: it is followed by a utility
-  call, which the core handles in order after the abort, so the request's blocks are free.
+* ``abort``, and closing a request's iterator early, return after vLLM's engine core has processed
+  the abort: it is followed by a utility call (``is_sleeping``, which changes nothing), which the
+  core handles in order after the abort, so the request's blocks are free
+  (tests/third_party/test_vllm.py checks that this still holds).
+* Request ids: vLLM accepts two live requests with one id (and would abort both at once), so a
+  duplicate is refused here, before vLLM sees it.
+* ``clear_kv_cache`` is vLLM's ``reset_prefix_cache(reset_running_requests=True)``: running
+  requests are preempted (they recompute their KV, their outputs unchanged) so that the reset
+  always succeeds.
+* ``shutdown`` aborts every live request and waits (briefly) until vLLM holds none unfinished, so
+  that one whose submission was under way is aborted too, before its engine core stops.
 * KV events: vLLM publishes them over ZMQ to a loopback socket bound here
   (:mod:`workers.engines.vllm_kv_subscriber`); :mod:`workers.engines.vllm_kv_events` turns them
   into Sluice block hashes, handed to the sink from the engine loop.
@@ -29,9 +38,9 @@ How the contract is met:
   error event), and a watchdog calls ``on_dead`` once with the reason. The worker's ``on_dead``
   (``workers.engines.factory``) asks the worker to shut down, which deregisters it: a worker with a
   dead engine must not stay routable.
-* Prompts the engine cannot take (empty, longer than the context) raise
-  :class:`core.errors.InvalidRequest` / :class:`core.errors.ContextLengthExceeded` before vLLM sees
-  them, with the limit in the message.
+* Prompts the engine cannot take (empty, longer than the context) and LoRA adapters (it serves
+  none) raise :class:`core.errors.InvalidRequest` / :class:`core.errors.ContextLengthExceeded`
+  before vLLM sees them, with the limit in the message.
 """
 
 from __future__ import annotations
@@ -66,6 +75,7 @@ from workers.engines.base import (
     EngineStartError,
     KvEventSink,
     discard_kv_events,
+    emit_kv_events,
 )
 from workers.engines.vllm_kv_events import KvEventTranslator, decode_batch
 from workers.engines.vllm_kv_subscriber import KvEventSubscriber
@@ -78,6 +88,8 @@ _GIB = 1 << 30
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 #: How often the watchdog looks at vLLM's engine-core liveness flag.
 _WATCHDOG_INTERVAL_S = 0.5
+#: How long ``shutdown`` waits for vLLM to finish the requests it aborted.
+_SHUTDOWN_DRAIN_S = 5.0
 
 #: Called once, from the engine loop, when the engine has died; the argument says why.
 OnDead = Callable[[str], None]
@@ -106,6 +118,17 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
         detokenize=False,
         skip_special_tokens=False,
     )
+
+
+async def _core_caught_up(llm: AsyncLLM) -> None:
+    """Return once vLLM's engine core has handled every message this client sent before the call.
+
+    The core handles its input messages in order and ``is_sleeping`` (which changes nothing) is a
+    utility call answered by the core: once it answers, an abort sent earlier has been applied and
+    the request's blocks are free. vLLM documents no such barrier; tests/third_party/test_vllm.py
+    checks that this one still holds.
+    """
+    await llm.is_sleeping()
 
 
 def _check_model_dir(model_path: Path) -> None:
@@ -174,6 +197,7 @@ class VllmEngine(Engine):
         self._kv_task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._dead_reported = False
+        self._stopping = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
     async def start(self, kv_sink: KvEventSink = discard_kv_events) -> None:
@@ -206,10 +230,10 @@ class VllmEngine(Engine):
 
     async def shutdown(self) -> None:
         self._dead_reported = True  # a deliberate stop is not a death
+        self._stopping = True  # generate refuses new requests from now on
         if self._llm is not None:
             if not self._llm.errored:
-                for request_id in list(self._live):
-                    await self.abort(request_id)
+                await self._abort_all(self._llm)
             self._llm.shutdown()
             self._llm = None
         for task in (self._kv_task, self._watchdog):
@@ -223,13 +247,12 @@ class VllmEngine(Engine):
 
     # ---- requests -------------------------------------------------------------------------------
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        if request.lora is not None:
-            raise ValueError(f"LoRA adapter {request.lora!r} requested, but the vLLM engine serves none")
         llm = self._require_llm()
-        self._check_prompt(request)
+        self._check_request(request)
         live = _Live(prompt_tokens=len(request.token_ids))
         self._live[request.request_id] = live
         cached = 0
+        finished = False
         prompt = tokens_input(list(request.token_ids))
         stream = llm.generate(prompt, to_vllm_sampling(request.sampling), request.request_id)
         try:
@@ -251,13 +274,19 @@ class VllmEngine(Engine):
                     usage = Usage(
                         prompt_tokens=live.prompt_tokens, completion_tokens=live.generated, cached_tokens=cached
                     )
+                    finished = True
                     yield EngineOutput(tokens, finish_reason=finish, usage=usage)
                     return
         except EngineDeadError as exc:
             self._report_dead("vLLM's engine core process died")
             raise UpstreamError("the vLLM engine died while serving this request") from exc
         finally:
-            self._live.pop(request.request_id, None)
+            if not finished and self._llm is llm and not llm.errored:
+                # Closed early (aclose, cancellation): leaving ``aclosing`` had vLLM abort the
+                # request; wait until its engine core has freed the blocks, as ``abort`` does.
+                await _core_caught_up(llm)
+            if self._live.get(request.request_id) is live:
+                del self._live[request.request_id]
 
     async def abort(self, request_id: str) -> None:
         live = self._live.get(request_id)
@@ -265,10 +294,22 @@ class VllmEngine(Engine):
             return
         live.aborted = True
         await self._llm.abort(request_id)
-        # The engine core handles client messages in order: once this utility call answers,
-        # the abort has been applied and the request's blocks are free.
-        await self._llm.is_sleeping()
-        self._live.pop(request_id, None)
+        await _core_caught_up(self._llm)
+        if self._live.get(request_id) is live:
+            del self._live[request_id]
+
+    async def _abort_all(self, llm: AsyncLLM) -> None:
+        """Abort every live request, then again while vLLM still has unfinished ones: a request
+        whose submission was under way during the first pass (vLLM did not know it yet) is
+        registered by then. Bounded: shutdown must not hang on a stuck engine."""
+        ids = list(self._live)
+        for request_id in ids:
+            await self.abort(request_id)
+        deadline = asyncio.get_running_loop().time() + _SHUTDOWN_DRAIN_S
+        while llm.get_num_unfinished_requests() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+            await llm.abort(ids)
+            await _core_caught_up(llm)
 
     # ---- state ----------------------------------------------------------------------------------
     def load(self) -> EngineLoad:
@@ -283,29 +324,40 @@ class VllmEngine(Engine):
         return EngineLoad(running=running, waiting=waiting, active_blocks=active, total_blocks=self.info.kv_blocks)
 
     async def clear_kv_cache(self) -> None:
-        """Reset vLLM's prefix cache; vLLM refuses while requests hold blocks (then nothing changes)."""
+        """Reset vLLM's prefix cache, preempting running requests (they recompute their KV) so
+        that the reset cannot be refused while they hold blocks."""
         llm = self._require_llm()
-        if not await llm.reset_prefix_cache():
-            log.warning("prefix cache not cleared: requests are running")
-            return
+        try:
+            cleared = await llm.reset_prefix_cache(reset_running_requests=True)
+        except Exception as exc:
+            raise UpstreamError(f"vLLM could not reset its prefix cache: {type(exc).__name__}: {exc}") from exc
+        if not cleared:
+            raise UpstreamError("vLLM could not reset its prefix cache")
         # vLLM announces the reset only with its next engine step, which may be far off when idle:
-        # report it now. Its own AllBlocksCleared, when it comes, clears again (a no-op).
+        # report it now. Its own AllBlocksCleared, when it comes, clears again: it drops any block
+        # announced in between from before the reset; blocks stored since follow it.
         assert self._translator is not None
-        self._emit(self._translator.clear())
+        emit_kv_events(self._sink, self._translator.clear())
 
     def cached_block_hashes(self) -> list[int]:
         return self._translator.cached_hashes() if self._translator is not None else []
 
     # ---- internals ------------------------------------------------------------------------------
     def _require_llm(self) -> AsyncLLM:
-        if self._llm is None:
-            raise RuntimeError("the vLLM engine is not started")
+        if self._llm is None or self._stopping:
+            raise UpstreamError("the vLLM engine is not running")
         if self._llm.errored:
             raise UpstreamError("the vLLM engine is dead")
         return self._llm
 
-    def _check_prompt(self, request: EngineRequest) -> None:
-        """Refuse here what vLLM would refuse with a bare ValueError, with the limit in the message."""
+    def _check_request(self, request: EngineRequest) -> None:
+        """Refuse here what vLLM would refuse with a bare ValueError (or accept wrongly), with the
+        reason in the message."""
+        if request.lora is not None:
+            raise InvalidRequest(f"LoRA adapter {request.lora!r} requested, but this vLLM engine serves none",
+                                 param="model", code="lora_not_supported")
+        if request.request_id in self._live:
+            raise InvalidRequest(f"request id {request.request_id!r} is already running")
         n = len(request.token_ids)
         if n == 0:
             raise InvalidRequest("the prompt is empty", param="prompt")
@@ -341,12 +393,4 @@ class VllmEngine(Engine):
             except Exception:  # noqa: BLE001 - one bad batch must not stop the event stream
                 log.exception("could not translate a vLLM KV event batch")
                 continue
-            self._emit(events)
-
-    def _emit(self, events: list) -> None:  # type: ignore[type-arg]
-        if not events:
-            return
-        try:
-            self._sink(events)
-        except Exception:  # noqa: BLE001 - the sink belongs to the host; keep serving
-            log.exception("KV event sink failed")
+            emit_kv_events(self._sink, events)
