@@ -8,6 +8,10 @@ values exactly, and the dtype CPU engines run fastest in (``dtype="auto"`` then 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class MissingDependencyError(RuntimeError):
@@ -34,9 +38,18 @@ def convert_weights(gguf_path: Path, out_dir: Path, *, dtype: str = "float32", q
         dtype=getattr(torch, dtype),
         local_files_only=True,
     )
-    # The GGUF loader marks the model as quantized; the tensors are already dequantized, and
-    # save_pretrained refuses to write a model that still carries the marker.
+    drop_gguf_marker(model)
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def drop_gguf_marker(model: PreTrainedModel) -> None:
+    """Make a model loaded from GGUF savable as plain weights.
+
+    transformers' GGUF loader marks the model as quantized (its private ``hf_quantizer``, and
+    ``config.quantization_config``); the tensors are already dequantized, but ``save_pretrained``
+    refuses to write a model that still carries the marker (tests/third_party/test_transformers.py
+    checks both halves against the installed transformers).
+    """
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(out_dir, safe_serialization=True)
