@@ -24,6 +24,11 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 TIMEOUT_S = 60
 
 
+def greedy_to_length(max_tokens: int) -> SamplingParams:
+    """Greedy, and never ended early by the model's end-of-sequence token: ends with "length"."""
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
 def new_id(kind: str = "conf") -> str:
     return f"{kind}-{uuid.uuid4().hex[:12]}"
 
@@ -152,7 +157,7 @@ def assert_idle(case: EngineCase, active_blocks: int) -> None:
 async def test_a_duplicate_request_id_is_refused_and_the_live_request_goes_on(engine: EngineCase) -> None:
     baseline = engine.engine.load().active_blocks
     prompt = engine.prompt(24)
-    sampling = SamplingParams(max_tokens=12, temperature=0.0)
+    sampling = greedy_to_length(12)
     request = EngineRequest(new_id("conf-dup"), prompt, sampling)
     async with contextlib.aclosing(engine.engine.generate(request)) as stream:
         head = await asyncio.wait_for(anext(stream), TIMEOUT_S)
@@ -168,7 +173,7 @@ async def test_a_duplicate_request_id_is_refused_and_the_live_request_goes_on(en
 
 async def test_closing_the_iterator_early_frees_the_requests_blocks(engine: EngineCase) -> None:
     baseline = engine.engine.load().active_blocks
-    request = EngineRequest(new_id("conf-close"), engine.prompt(40), SamplingParams(max_tokens=1000, temperature=0.0))
+    request = EngineRequest(new_id("conf-close"), engine.prompt(40), greedy_to_length(1000))
     async with contextlib.aclosing(engine.engine.generate(request)) as stream:
         async for out in stream:
             assert out.finish_reason is None
@@ -176,13 +181,13 @@ async def test_closing_the_iterator_early_frees_the_requests_blocks(engine: Engi
             break
     assert_idle(engine, baseline)
     # The request is gone, not merely unread: its id may be used again.
-    again = await run(engine, EngineRequest(request.request_id, engine.prompt(8), SamplingParams(max_tokens=2)))
+    again = await run(engine, EngineRequest(request.request_id, engine.prompt(8), greedy_to_length(2)))
     assert again[-1].finish_reason == "length"
 
 
 async def test_a_dropped_iterator_is_closed_and_frees_the_requests_blocks(engine: EngineCase) -> None:
     baseline = engine.engine.load().active_blocks
-    request = EngineRequest(new_id("conf-drop"), engine.prompt(40), SamplingParams(max_tokens=1000, temperature=0.0))
+    request = EngineRequest(new_id("conf-drop"), engine.prompt(40), greedy_to_length(1000))
     stream = engine.engine.generate(request)
     first = await asyncio.wait_for(anext(stream), TIMEOUT_S)
     assert first.finish_reason is None
@@ -206,7 +211,7 @@ async def _ending(stream: AsyncIterator[EngineOutput]) -> str:
 
 async def test_shutdown_ends_the_running_requests(own_engine: EngineCase) -> None:
     engine = own_engine.engine
-    sampling = SamplingParams(max_tokens=1000, temperature=0.0)
+    sampling = greedy_to_length(1000)
     streams = [engine.generate(EngineRequest(new_id("conf-stop"), own_engine.prompt(16), sampling)) for _ in range(3)]
     for stream in streams[:2]:
         first = await asyncio.wait_for(anext(stream), TIMEOUT_S)
@@ -272,7 +277,7 @@ async def test_clearing_while_a_request_holds_blocks(engine: EngineCase) -> None
     assert await eventually(lambda: unused_blocks <= set(engine.engine.cached_block_hashes()))
 
     prompt = engine.prompt(3 * info.block_size + 5)
-    sampling = SamplingParams(max_tokens=24, temperature=0.0)
+    sampling = greedy_to_length(24)
     async with contextlib.aclosing(engine.engine.generate(EngineRequest(new_id("conf-clear"), prompt, sampling))) as stream:
         head = await asyncio.wait_for(anext(stream), TIMEOUT_S)
         assert head.finish_reason is None
