@@ -24,7 +24,8 @@ Contract (checked by tests/engines/test_conformance.py, which every engine must 
   ``kv_sink`` given to ``start`` as Sluice block hashes (``router.hashing`` with
   ``root_hash(info.model, lora)``), from the engine loop thread; the sink never blocks.
 * ``cached_block_hashes()`` lists every block hash currently in the prefix cache (for resync).
-* ``load()`` is cheap and thread-safe enough to call from the heartbeat.
+* ``load()`` is cheap and thread-safe enough to call from the heartbeat; it leaves ``updated_at`` 0
+  (the heartbeat stamps it).
 * ``shutdown()`` aborts everything and releases the engine's resources.
 """
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.messages import FinishReason, KvEvent, SamplingParams, Usage
+from router.registry import WorkerLoad
 
 
 class EngineStartError(RuntimeError):
@@ -68,18 +70,6 @@ class EngineOutput:
     usage: Usage | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    running: int
-    waiting: int
-    active_blocks: int
-    total_blocks: int
-
-    @property
-    def kv_usage(self) -> float:
-        return self.active_blocks / self.total_blocks if self.total_blocks else 0.0
-
-
 class KvEventSink(Protocol):
     def __call__(self, events: Sequence[KvEvent]) -> None: ...
 
@@ -103,7 +93,7 @@ class Engine(abc.ABC):
     async def abort(self, request_id: str) -> None: ...
 
     @abc.abstractmethod
-    def load(self) -> EngineLoad: ...
+    def load(self) -> WorkerLoad: ...
 
     @abc.abstractmethod
     async def clear_kv_cache(self) -> None: ...
