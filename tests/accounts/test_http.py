@@ -115,6 +115,8 @@ async def test_usage_is_per_calling_key_and_admins_may_name_one(http: httpx.Asyn
     report = (await http.get("/v1/usage?since=2h", headers=auth(alice))).json()
     assert report["key_id"] == alice.id and [m["model"] for m in report["data"]] == ["m1", "m2"]
     m1 = report["data"][0]
+    assert list(m1) == ["key_id", "model", "requests", "errors", "prompt_tokens", "cached_tokens",
+                        "completion_tokens", "mean_ttft_s", "mean_total_s"]  # the row's shape on the wire
     assert m1["requests"] == 3 and m1["prompt_tokens"] == sum(r.prompt_tokens for r in records if r.model == "m1")
     response = await http.get(f"/v1/usage?key_id={alice.id}", headers=auth(bob))
     assert response.status_code == 403
