@@ -23,7 +23,7 @@ Invariants:
   be cut between sending and knowing it was sent): then the step ends first and no other follows.
 
 Every caller is on the event loop that started the loop: the wake flag is an :class:`asyncio.Event`,
-not thread-safe.
+not thread-safe. One-off coroutines that only need accounting for belong to ``core.background``.
 """
 
 from __future__ import annotations
