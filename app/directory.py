@@ -16,6 +16,7 @@ from pathlib import Path
 
 from app.model_card import ModelCard
 from app.streams import StreamHub
+from core.background import BackgroundTasks
 from core.errors import ModelNotFound, NoWorkerAvailable
 from core.loops import BackgroundLoop, Backoff
 from router.registry import LiveWorker, Registry
@@ -35,6 +36,7 @@ class WorkerDirectory:
         self._known_models: set[str] = {default_model}
         self._cards: dict[str, asyncio.Future[ModelCard]] = {}
         self._last_reap = 0.0
+        self._card_loads = BackgroundTasks("loading a model card")
         self._refresher = BackgroundLoop("worker-directory", self.refresh, interval_s=refresh_s,
                                          backoff=Backoff(first_s=refresh_s))
 
@@ -87,7 +89,7 @@ class WorkerDirectory:
                 fut.exception()
                 self._cards.pop(worker.record.model, None)
 
-        loop.create_task(load())
+        self._card_loads.spawn(load())
 
     # ---- the request path -------------------------------------------------------------------
     def workers_for(self, model: str) -> list[LiveWorker]:
