@@ -9,7 +9,6 @@ cards (tokenizer, template) load off the event loop the first time a model appea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -17,7 +16,9 @@ from pathlib import Path
 
 from app.model_card import ModelCard
 from app.streams import StreamHub
+from core.background import BackgroundTasks
 from core.errors import ModelNotFound, NoWorkerAvailable
+from core.loops import BackgroundLoop, Backoff
 from router.registry import LiveWorker, Registry
 
 log = logging.getLogger(__name__)
@@ -30,31 +31,23 @@ class WorkerDirectory:
                  on_reap: ReapHook | None = None) -> None:
         self._registry = registry
         self._hub = hub
-        self._refresh_s = refresh_s
         self._on_reap = on_reap
         self.by_model: dict[str, list[LiveWorker]] = {}
         self._known_models: set[str] = {default_model}
         self._cards: dict[str, asyncio.Future[ModelCard]] = {}
-        self._task: asyncio.Task[None] | None = None
         self._last_reap = 0.0
+        self._card_loads = BackgroundTasks("loading a model card")
+        self._refresher = BackgroundLoop("worker-directory", self.refresh, interval_s=refresh_s,
+                                         backoff=Backoff(first_s=refresh_s))
 
     async def start(self) -> None:
+        """Take the first snapshot (its failure is the caller's), then refresh in the background; a failed
+        refresh keeps the last snapshot and is retried after a pause that grows while Redis stays away."""
         await self.refresh()
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="worker-directory")
+        self._refresher.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._refresh_s)
-            try:
-                await self.refresh()
-            except Exception:  # noqa: BLE001 - keep the last snapshot through Redis hiccups
-                log.exception("refreshing the worker directory failed")
+        await self._refresher.stop()
 
     async def refresh(self) -> None:
         live = await self._registry.live_workers()
@@ -96,7 +89,7 @@ class WorkerDirectory:
                 fut.exception()
                 self._cards.pop(worker.record.model, None)
 
-        loop.create_task(load())
+        self._card_loads.spawn(load())
 
     # ---- the request path -------------------------------------------------------------------
     def workers_for(self, model: str) -> list[LiveWorker]:

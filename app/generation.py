@@ -201,7 +201,7 @@ class Generation:
         if self._done:
             return
         self._done = True
-        worker = self.worker_id or (self._stream.worker_id if self._stream else None)
+        worker = self.served_by
         channel = self.rt.keys.control_channel(worker) if worker else self.rt.keys.control_broadcast
         self.rt.spawn(self.rt.redis.publish(channel, encode_control(ControlCommand("cancel", self.request_id))))
 

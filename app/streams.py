@@ -19,9 +19,13 @@ from collections.abc import Iterable
 
 import redis.asyncio as aioredis
 
+from core.loops import BackgroundLoop, Backoff
 from core.messages import ErrorInfo, TokenDelta, decode_delta
 
 log = logging.getLogger(__name__)
+
+#: The first pause before reconnecting to the token channel (it grows while Redis stays away).
+RECONNECT_DELAY_S = 0.2
 
 
 class RequestStream:
@@ -68,22 +72,25 @@ class RequestStream:
 
 
 class StreamHub:
+    """Reads the process's token channel; a lost connection fails every stream in flight (their
+    messages may be gone) and reconnects after a pause that grows while Redis stays away."""
+
     def __init__(self, client: aioredis.Redis, channel: str) -> None:
         self._client = client
         self.channel = channel
         self._streams: dict[str, RequestStream] = {}
-        self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
+        self._reader = BackgroundLoop("stream-hub", self._session, backoff=Backoff(first_s=RECONNECT_DELAY_S),
+                                      on_error=self._connection_lost)
 
     async def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="stream-hub")
+        """Subscribe; returns once the subscription is confirmed (TimeoutError after 30 s)."""
+        self._reader.start()
+        self._reader.wake()
         await asyncio.wait_for(self._subscribed.wait(), 30)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._reader.stop()
 
     def open(self, request_id: str, worker_id: str | None) -> RequestStream:
         stream = RequestStream(request_id, worker_id)
@@ -103,24 +110,21 @@ class StreamHub:
         dead = set(worker_ids)
         return [s for s in self._streams.values() if s.worker_id in dead]
 
-    async def _run(self) -> None:
-        while True:
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.channel)
-                self._subscribed.set()
-                await self._read(pubsub)
-            except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-                raise
-            except Exception as exc:  # noqa: BLE001 - reconnect; in-flight streams may have lost messages
-                log.warning("token channel connection lost (%s); reconnecting", exc)
-                for stream in list(self._streams.values()):
-                    stream.fail("stream_interrupted", "the token stream was interrupted (Redis connection lost)")
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-                await asyncio.sleep(0.2)
+    async def _session(self) -> None:
+        """One connection's life: subscribe, then hand out deltas until the connection fails."""
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.channel)
+            self._subscribed.set()
+            self._reader.reset_backoff()
+            await self._read(pubsub)
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    def _connection_lost(self, exc: Exception) -> None:
+        for stream in list(self._streams.values()):
+            stream.fail("stream_interrupted", "the token stream was interrupted (Redis connection lost)")
 
     async def _read(self, pubsub: aioredis.client.PubSub) -> None:
         streams = self._streams

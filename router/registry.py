@@ -18,8 +18,8 @@ from core.keys import MAX_WORKER_SLOTS, Keys
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerRecord:
-    """What a worker registers; fixed for the worker's lifetime."""
+class WorkerIdentity:
+    """Who a worker is and where its tasks go; known before its engine starts (``workers.signals``)."""
 
     worker_id: str
     model: str
@@ -27,6 +27,12 @@ class WorkerRecord:
     pool: str
     queue: str
     pool_queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord(WorkerIdentity):
+    """What a worker registers: its identity and its engine's facts; fixed for the worker's lifetime."""
+
     engine: str
     block_size: int
     kv_blocks: int
@@ -40,7 +46,8 @@ class WorkerRecord:
 
 @dataclass(frozen=True, slots=True)
 class WorkerLoad:
-    """Live load, renewed by every heartbeat."""
+    """A worker's live load: what its engine reports (``Engine.load()``, ``updated_at`` left 0) and what
+    each heartbeat publishes, stamped with the heartbeat's wall-clock time."""
 
     running: int = 0
     waiting: int = 0

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import redis.asyncio as aioredis
 
@@ -41,7 +41,7 @@ from core.messages import (
     request_from_builtins,
 )
 from core.settings import Settings
-from router.registry import Registry, WorkerLoad, WorkerRecord
+from router.registry import Registry, WorkerIdentity, WorkerLoad, WorkerRecord
 from workers.engines.base import Engine, EngineRequest
 from workers.kv_relay import KvRelay
 from workers.publisher import DeltaPublisher
@@ -50,16 +50,6 @@ log = logging.getLogger(__name__)
 
 #: How many cancels for requests not (yet) running a worker remembers.
 _EARLY_CANCELS_MAX = 4096
-
-
-@dataclass
-class WorkerIdentity:
-    worker_id: str
-    model: str
-    model_path: str
-    pool: str
-    queue: str
-    pool_queue: str
 
 
 @dataclass
@@ -133,17 +123,13 @@ class EngineHost:
     def _make_record(self) -> WorkerRecord:
         info = self.engine.info
         return WorkerRecord(
-            worker_id=self.identity.worker_id, model=self.identity.model, model_path=self.identity.model_path,
-            pool=self.identity.pool, queue=self.identity.queue, pool_queue=self.identity.pool_queue,
-            engine=info.engine, block_size=info.block_size, kv_blocks=info.kv_blocks,
+            **asdict(self.identity), engine=info.engine, block_size=info.block_size, kv_blocks=info.kv_blocks,
             max_num_seqs=info.max_num_seqs, context_length=info.context_length, started_at=time.time(),
             kv_events=self.kv_events,
         )
 
     def _load(self) -> WorkerLoad:
-        load = self.engine.load()
-        return WorkerLoad(running=load.running, waiting=load.waiting, active_blocks=load.active_blocks,
-                          total_blocks=load.total_blocks, updated_at=time.time())
+        return replace(self.engine.load(), updated_at=time.time())
 
     async def _go_live(self) -> None:
         self.record = await self.registry.register(self._make_record(), self._load(), self.settings.worker.lease_ttl_s)

@@ -18,19 +18,19 @@ by the reaper when its lease ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 
 from core.keys import Keys
+from core.loops import BackgroundLoop, Backoff
 from core.messages import KvEvent, KvEventBatch
 from router.prefix_index import PrefixIndex
 
 log = logging.getLogger(__name__)
 
-#: How long the relay waits before retrying after Redis failed it.
+#: How long the relay waits before its first retry after Redis failed it (longer while failures go on).
 RETRY_DELAY_S = 0.5
 
 Snapshot = Callable[[], list[int]]
@@ -49,9 +49,9 @@ class KvRelay:
         self._pending: list[KvEvent] = []
         self._resync_needed = False
         self._synced: asyncio.Event | None = None
-        self._wake = asyncio.Event()
         self._idle = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._relay = BackgroundLoop("kv-relay", self._relay_pending, backoff=Backoff(first_s=RETRY_DELAY_S),
+                                     on_error=self._failed)
 
     async def start(self, slot: int, snapshot: Snapshot) -> None:
         """(Re)publish the engine's whole cache at ``slot``; returns once the index holds it (or a Redis
@@ -60,41 +60,34 @@ class KvRelay:
         self._snapshot = snapshot
         self._resync_needed = True
         self._synced = asyncio.Event()
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="kv-relay")
-        self._wake.set()
+        self._relay.start()
+        self._relay.wake()
         await self._synced.wait()
 
     def push(self, events: Sequence[KvEvent]) -> None:
         self._pending.extend(events)
         self._idle.clear()
-        self._wake.set()
+        self._relay.wake()
 
     async def drained(self) -> None:
         """Wait until every event pushed so far reached the index (tests, benchmarks)."""
         await self._idle.wait()
 
-    async def _run(self) -> None:
-        while True:
-            if not self._pending and not self._resync_needed:
-                self._idle.set()
-                await self._wake.wait()
-                # Token deltas woken in the same turn go out first: the index can wait a turn, a
-                # client waiting for its first token should not.
-                await asyncio.sleep(0)
-            self._wake.clear()
-            try:
-                if self._resync_needed:
-                    await self._resync()
-                elif self._pending:
-                    await self._apply()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - Redis hiccup: the batch may be lost, rebuild from the engine
-                log.exception("publishing KV events failed; resyncing in %.1f s", RETRY_DELAY_S)
-                self._resync_needed = True
-                self._mark_synced()  # start() must not hang while Redis is away
-                await asyncio.sleep(RETRY_DELAY_S)
+    async def _relay_pending(self) -> None:
+        # Token deltas woken in the same turn go out first: the index can wait a turn, a client
+        # waiting for its first token should not.
+        await asyncio.sleep(0)
+        while self._resync_needed or self._pending:
+            if self._resync_needed:
+                await self._resync()
+            else:
+                await self._apply()
+        self._idle.set()
+
+    def _failed(self, exc: Exception) -> None:
+        """Redis failed the relay: the batch may be lost, so the index is rebuilt from the engine."""
+        self._resync_needed = True
+        self._mark_synced()  # start() must not hang while Redis is away
 
     async def _resync(self) -> None:
         self._pending = []  # the snapshot, taken on this loop, already reflects them
@@ -125,9 +118,5 @@ class KvRelay:
 
     async def close(self) -> None:
         """Stop relaying and purge the worker's entries from the index."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._relay.stop()
         await self.index.purge(self.worker_id)

@@ -1,56 +1,54 @@
 """Coalescing publisher for token deltas.
 
 Everything published during one turn of the engine loop goes out in ONE pipelined round trip,
-from ONE flusher task, so deltas of a request keep their order (seq) on the wire.
+from ONE flusher task, so deltas of a request keep their order (seq) on the wire. A batch that
+Redis refuses is dropped (the frontends see a stalled or gapped stream and end it) and the flusher
+pauses before the next one, longer while Redis stays away.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import redis.asyncio as aioredis
 
+from core.loops import BackgroundLoop, Backoff
+
 log = logging.getLogger(__name__)
+
+#: The first pause after a failed batch (it grows while Redis stays away).
+RETRY_DELAY_S = 0.1
 
 
 class DeltaPublisher:
     def __init__(self, client: aioredis.Redis) -> None:
         self._client = client
         self._pending: list[tuple[str, bytes]] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
+        # A batch being sent when the publisher closes is let finish: cutting it could lose the last
+        # deltas of a request, or send them twice after close() sends what is left.
+        self._flusher = BackgroundLoop("delta-publisher", self._flush, backoff=Backoff(first_s=RETRY_DELAY_S),
+                                       finish_step_on_stop=True)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="delta-publisher")
+        self._flusher.start()
 
     def publish(self, channel: str, data: bytes) -> None:
         self._pending.append((channel, data))
-        self._wake.set()
+        self._flusher.wake()
 
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch, self._pending = self._pending, []
-            if batch:
-                await self._send(batch)
-            elif self._closing:
-                return
-
-    async def _send(self, batch: list[tuple[str, bytes]]) -> None:
-        try:
-            async with self._client.pipeline(transaction=False) as pipe:
-                for channel, data in batch:
-                    pipe.publish(channel, data)
-                await pipe.execute()
-        except Exception:  # noqa: BLE001 - the frontends will see a stalled stream; keep serving
-            log.exception("publishing %d token deltas failed", len(batch))
+    async def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        async with self._client.pipeline(transaction=False) as pipe:
+            for channel, data in batch:
+                pipe.publish(channel, data)
+            await pipe.execute()
 
     async def close(self) -> None:
         """Flush what is pending, then stop."""
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            await self._task
+        await self._flusher.stop()
+        try:
+            await self._flush()
+        except Exception:  # noqa: BLE001 - shutting down: the frontends will see the streams end
+            log.exception("publishing the last token deltas failed")

@@ -17,9 +17,10 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
 from core.keys import Keys
 from core.settings import get_settings
+from router.registry import WorkerIdentity
 from workers.engines.base import EngineStartError
 from workers.engines.factory import create_engine
-from workers.host import EngineHost, WorkerIdentity
+from workers.host import EngineHost
 from workers.runtime import RUNTIME
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ windows start). Each key has one hash per window, ``r`` requests admitted and ``
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -29,6 +28,7 @@ from redis.exceptions import RedisError
 
 from core.errors import InvalidRequest, RateLimited
 from core.keys import RATE_WINDOW_S, RATE_WINDOW_TTL_S, Keys
+from core.loops import BackgroundLoop, Backoff
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,10 @@ def retry_after_s(now: float) -> int:
     return max(1, math.ceil((window_of(now) + 1) * RATE_WINDOW_S - now))
 
 
+#: The first pause before retrying charges Redis refused (it grows while Redis stays away).
+CHARGE_RETRY_S = 1.0
+
+
 class RateLimiter:
     def __init__(self, client: aioredis.Redis, keys: Keys, clock: Callable[[], float] = time.time) -> None:
         self.client = client
@@ -64,8 +68,9 @@ class RateLimiter:
         self.clock = clock
         self._admit = client.register_script(_ADMIT)
         self._charges: defaultdict[str, int] = defaultdict(int)
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        # A flush in progress at close() is let finish: cut, its charges would be neither kept nor counted.
+        self._charger = BackgroundLoop("rate-charges", self.flush, backoff=Backoff(first_s=CHARGE_RETRY_S),
+                                       finish_step_on_stop=True)
 
     async def admit(self, key_id: str, rpm: int | None, tpm: int | None, prompt_tokens: int) -> None:
         """Count one request against the key's current window, or raise RateLimited (nothing counted)."""
@@ -92,7 +97,7 @@ class RateLimiter:
         if tokens <= 0:
             return
         self._charges[self.keys.rate(key_id, window_of(self.clock()))] += tokens
-        self._wake.set()
+        self._charger.wake()
 
     async def flush(self) -> None:
         """Write the pending charges now (one pipelined round trip). Charges that fail are kept for later."""
@@ -111,24 +116,11 @@ class RateLimiter:
             raise
 
     async def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.flush()
-            except RedisError as exc:
-                log.warning("could not charge tokens to rate windows (will retry): %s", exc)
-                await asyncio.sleep(1.0)
-                self._wake.set()
+        """Write charges in the background, a round trip per wake-up; failed ones are retried."""
+        self._charger.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._charger.stop()
         try:
             await self.flush()
         except RedisError as exc:

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 from core.db.models import MODEL_NAME_MAX, NAME_MAX
+from core.db.usage import UsageTotals
 
 MODEL_NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:/@+-]{{0,{MODEL_NAME_MAX - 1}}}")
 KEY_NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9 _.@+/:-]{{0,{NAME_MAX - 1}}}")
@@ -78,20 +79,10 @@ class KeyList(BaseModel):
     data: list[KeyInfo]
 
 
-class ModelUsage(BaseModel):
-    key_id: str | None
-    model: str
-    requests: int
-    errors: int
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    mean_ttft_s: float | None
-    mean_total_s: float | None
-
-
 class UsageReport(BaseModel):
+    """``GET /v1/usage``: one line per model, the database summary's own rows."""
+
     object: Literal["usage"] = "usage"
     key_id: str | None
     since: datetime
-    data: list[ModelUsage]
+    data: list[UsageTotals]

@@ -27,7 +27,7 @@ from app.accounts.errors import AccountsUnavailable
 from app.accounts.keycache import KeyCache
 from app.accounts.principal import Principal
 from app.accounts.ratelimit import RateLimiter
-from app.accounts.schemas import KeyCreate, KeyCreated, KeyInfo, ModelUsage, UsageReport
+from app.accounts.schemas import KeyCreate, KeyCreated, KeyInfo, UsageReport
 from app.accounts.shipper import UsageShipper
 from app.accounts.store import KeyStore, StoredKey
 from core.accounting import UsageRecord
@@ -117,8 +117,7 @@ class Accounts:
     async def usage_report(self, key_id: str | None, since: datetime) -> UsageReport:
         """Per-model totals of one key (``None``: the anonymous requests made with auth off)."""
         totals = await self._db(lambda store: summarize_usage(store.engine, since=since, key_ids=[key_id]))
-        return UsageReport(key_id=key_id, since=since.astimezone(UTC),
-                           data=[ModelUsage(**{f: getattr(t, f) for f in ModelUsage.model_fields}) for t in totals])
+        return UsageReport(key_id=key_id, since=since.astimezone(UTC), data=totals)
 
     # --- the database, always from a thread ------------------------------------------------
     def _key_store(self) -> KeyStore:

@@ -4,7 +4,8 @@
 ``interval_s`` (or as soon as a full batch is waiting) and pushes each batch of up to ``batch_max``
 records as ONE Celery task message (``RECORD_USAGE_TASK``) onto the bookkeeping queue with one
 ``LPUSH``; the bookkeeper (workers.bookkeeping) writes the rows. The database is never touched here,
-so a database outage does not slow or lose anything on this side.
+so a database outage does not slow or lose anything on this side. After a failed push the task
+waits ``interval_s``, then longer while Redis stays away, before it tries again.
 
 Invariants: records leave in the order they were added; a batch whose push fails goes back to the
 front of the buffer and is pushed again later. The buffer is bounded (``buffer_max``): if Redis is
@@ -14,13 +15,13 @@ says so. ``close()`` pushes what is left.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from core import loops
 from core.accounting import UsageRecord, usage_batch_to_builtins
 from workers.celery_app import RECORD_USAGE_TASK
 from workers.wire import task_message
@@ -39,8 +40,9 @@ class UsageShipper:
         self.dropped = 0
         self.shipped = 0
         self._buffer: deque[UsageRecord] = deque()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        # A push in progress at close() is let finish, so that a batch is never both shipped and kept.
+        self._pusher = loops.BackgroundLoop("usage-shipper", self.flush, interval_s=interval_s,
+                                            backoff=loops.Backoff(first_s=interval_s), finish_step_on_stop=True)
 
     @property
     def pending(self) -> int:
@@ -55,7 +57,7 @@ class UsageShipper:
                             self.buffer_max, self.dropped)
         self._buffer.append(record)
         if len(self._buffer) >= self.batch_max:
-            self._wake.set()
+            self._pusher.wake()
 
     async def flush(self) -> None:
         """Push every buffered record now, batch by batch; raises the Redis error that stopped it."""
@@ -71,25 +73,10 @@ class UsageShipper:
             self.shipped += len(batch)
 
     async def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            try:
-                await self.flush()
-            except RedisError as exc:
-                log.warning("could not ship %d usage records (will retry): %s", self.pending, exc)
+        self._pusher.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._pusher.stop()
         try:
             await self.flush()
         except RedisError as exc:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.accounts.service import Accounts, Principal
 from app.runtime import FrontendRuntime
 from core.errors import InvalidRequest
 from router.policies import RouterOverrides
@@ -15,7 +16,22 @@ async def _runtime(request: Request) -> FrontendRuntime:
     return request.app.state.runtime
 
 
+def accounts_of(request: Request) -> Accounts:
+    return request.app.state.runtime.accounts
+
+
+async def caller(request: Request) -> Principal | None:
+    """The authenticated caller (None with auth off); 401 for a missing or wrong key.
+
+    As a dependency it runs before the request body is validated: a request without a valid key is
+    answered 401 whatever its body holds.
+    """
+    return await accounts_of(request).authenticate(request.headers.get("authorization"))
+
+
 RuntimeDep = Annotated[FrontendRuntime, Depends(_runtime)]
+AccountsDep = Annotated[Accounts, Depends(accounts_of)]
+CallerDep = Annotated[Principal | None, Depends(caller)]
 
 _FLOAT_FIELDS = {"overlap_score_weight", "temperature"}
 _STR_FIELDS = {"mode", "worker_id"}

@@ -9,24 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 
 from app.accounts.schemas import KeyCreate, KeyCreated, KeyInfo, KeyList
-from app.accounts.service import Accounts, Principal
+from app.accounts.service import Principal
+from app.api.deps import AccountsDep, CallerDep
 from core.errors import Forbidden
-
-
-def accounts_of(request: Request) -> Accounts:
-    return request.app.state.runtime.accounts
-
-
-async def caller(request: Request) -> Principal | None:
-    """The authenticated caller (None with auth off); 401 for a missing or wrong key."""
-    return await accounts_of(request).authenticate(request.headers.get("authorization"))
-
-
-CallerDep = Annotated[Principal | None, Depends(caller)]
-AccountsDep = Annotated[Accounts, Depends(accounts_of)]
 
 
 async def admin_caller(principal: CallerDep) -> Principal:

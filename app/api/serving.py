@@ -1,22 +1,118 @@
-"""What the chat and completions handlers share: from prompt ids to a started generation, and the
-``x-sluice-worker`` response header naming the worker that served the request."""
+"""What the chat and completions endpoints share: everything but their own request, prompt and
+response shapes.
+
+An endpoint module defines an :class:`Endpoint` (how its prompt is built, how big a completion it
+asked for, which objects its responses are made of) and hands it to :func:`serve`, which does the
+rest in this order: the frontend's limits, the endpoint's own checks, the model card, the prompt,
+admission and routing (:func:`start_generation`), then the response, streamed or whole. Every
+response names its worker in ``x-sluice-worker``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import abc
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, TypeVar
 
 from fastapi import Request
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.accounts.service import Principal
 from app.api.deps import router_overrides
-from app.api.sse import StreamingEvents
+from app.api.errors import error_payload
+from app.api.sse import DONE, StreamingEvents, sse_event
 from app.generation import Generation, GenerationSpec, resolve_max_tokens, sampling_from
 from app.model_card import ModelCard
-from app.protocol.common import SamplingFields
+from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
 from app.runtime import FrontendRuntime
+from core.errors import InvalidRequest, SluiceError
 
 WORKER_HEADER = "x-sluice-worker"
+
+Body = TypeVar("Body", bound=SamplingFields)
+
+
+class Endpoint(abc.ABC):
+    """One request to a generation endpoint, in what the endpoint does its own way. Made from the
+    validated body once the frontend's limits are checked; its constructor makes the endpoint's own
+    checks (those that need no model card)."""
+
+    #: Responses are identified by this prefix and the request id.
+    id_prefix: ClassVar[str]
+    #: Makes a streamed chunk: ``(id, created, model, choices, usage=None)``.
+    chunk: ClassVar[Callable[..., Any]]
+    #: Makes a whole (not streamed) response: ``(id, created, model, choices, usage=...)``.
+    response: ClassVar[Callable[..., Any]]
+
+    @abc.abstractmethod
+    async def prompt_ids(self, card: ModelCard) -> list[int]:
+        """The prompt in the model's tokens; raises InvalidRequest for a prompt the model cannot take."""
+
+    @property
+    @abc.abstractmethod
+    def max_tokens(self) -> int | None:
+        """The completion length the request asked for (None: whatever fits)."""
+
+    def opening(self) -> Any | None:
+        """The choice streamed ahead of the first text, in the same write (None: nothing)."""
+        return None
+
+    @abc.abstractmethod
+    def delta(self, text: str | None, finish_reason: str | None = None) -> Any:
+        """A streamed choice: new ``text``, or (``None``) the end, with its ``finish_reason``."""
+
+    @abc.abstractmethod
+    def whole(self, text: str, finish_reason: str | None) -> Any:
+        """The choice of a response that is not streamed."""
+
+
+async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Principal | None,
+                endpoint: Callable[[Body], Endpoint]) -> Response:
+    """Serve one generation request of an endpoint, streamed (SSE) or whole (JSON)."""
+    if body.n > rt.settings.frontend.max_n:
+        raise InvalidRequest(f"n must be at most {rt.settings.frontend.max_n}", param="n")
+    ep = endpoint(body)
+    card = await rt.directory.card(body.model)
+    prompt_ids = await ep.prompt_ids(card)
+    gen = await start_generation(rt, request, body, card, principal, prompt_ids, ep.max_tokens)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return GenerationEvents(_events(gen, ep, body.model, include_usage), gen)
+    async with gen:
+        text = "".join([piece async for piece in gen.text()])
+    return Response(encode(ep.response(f"{ep.id_prefix}{gen.request_id}", int(time.time()), body.model,
+                                       [ep.whole(text, gen.finish_reason)], usage=_usage(gen))),
+                    media_type="application/json", headers=worker_header(gen))
+
+
+async def _events(gen: Generation, ep: Endpoint, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+    """The SSE events of a started generation. Events that are ready together go out in one write
+    (each write is a send on the socket): the opening with the first text, and the finish chunk,
+    usage and ``[DONE]`` at the end. A failure ends the stream with an error event and ``[DONE]``."""
+    rid, created = f"{ep.id_prefix}{gen.request_id}", int(time.time())
+
+    def chunk(choices: list[Any], usage: UsageInfo | None = None) -> bytes:
+        return sse_event(encode(ep.chunk(rid, created, model, choices, usage=usage)))
+
+    opening = ep.opening()
+    head = chunk([opening]) if opening is not None else b""
+    async with gen:
+        try:
+            async for text in gen.text():
+                yield head + chunk([ep.delta(text)])
+                head = b""
+            tail = head + chunk([ep.delta(None, gen.finish_reason)])
+            if include_usage:
+                tail += chunk([], _usage(gen))
+        except SluiceError as exc:
+            tail = head + sse_event(error_payload(exc))
+        yield tail + DONE
+
+
+def _usage(gen: Generation) -> UsageInfo:
+    return make_usage(gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens)
 
 
 async def start_generation(rt: FrontendRuntime, request: Request, body: SamplingFields, card: ModelCard,
@@ -50,7 +146,7 @@ def worker_header(gen: Generation) -> dict[str, str]:
 
 
 class GenerationEvents(StreamingEvents):
-    """The SSE response of a started generation. The events generator closes the generation when it
+    """The SSE response of a started generation, naming its worker in the headers. The events generator closes the generation when it
     ends; if the client leaves before the generator ever ran, the response closes it here, so the
     router's prediction and the stream registration never leak."""
 
@@ -64,8 +160,3 @@ class GenerationEvents(StreamingEvents):
             await super().__call__(scope, receive, send)
         finally:
             await self.generation.close()
-
-
-def streaming_response(events: AsyncIterator[bytes], gen: Generation) -> StreamingEvents:
-    """The SSE response of a started generation, naming its worker in the headers."""
-    return GenerationEvents(events, gen)

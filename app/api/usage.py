@@ -12,7 +12,7 @@ from fastapi import APIRouter
 
 from app.accounts.periods import parse_since
 from app.accounts.schemas import UsageReport
-from app.api.keys import AccountsDep, CallerDep
+from app.api.deps import AccountsDep, CallerDep
 from core.errors import Forbidden, InvalidRequest
 
 router = APIRouter(tags=["usage"])

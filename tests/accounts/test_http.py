@@ -13,6 +13,8 @@ from fastapi import FastAPI
 from app.accounts.schemas import KeyCreate, KeyCreated
 from app.accounts.service import Accounts
 from app.accounts.store import KeyStore
+from app.api import chat as chat_api
+from app.api import completions as completions_api
 from app.api import keys as keys_api
 from app.api import usage as usage_api
 from app.api.errors import install_error_handlers
@@ -26,7 +28,9 @@ def make_app(accounts: Accounts) -> FastAPI:
     install_error_handlers(app)
     app.include_router(keys_api.router)
     app.include_router(usage_api.router)
-    app.state.runtime = SimpleNamespace(accounts=accounts)
+    app.include_router(chat_api.router)
+    app.include_router(completions_api.router)
+    app.state.runtime = SimpleNamespace(accounts=accounts, settings=accounts.settings)
     return app
 
 
@@ -60,6 +64,29 @@ async def test_admin_routes_need_an_admin_key(http: httpx.AsyncClient, accounts:
     response = await http.get("/v1/admin/keys", headers=auth(user))
     assert response.status_code == 403 and error_of(response)["code"] == "admin_key_required"
     assert store(accounts).list_keys() == [store(accounts).info(user.id)]
+
+
+MISSING_KEY = "You didn't provide an API key. Pass it in the Authorization header: 'Authorization: Bearer sk-sluice-...'."
+INFERENCE = [("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+             ("/v1/completions", {"model": "m", "prompt": "hi"})]
+
+
+@pytest.mark.parametrize(("path", "body"), INFERENCE)
+async def test_inference_routes_authenticate_before_anything_else(http: httpx.AsyncClient, accounts: Accounts,
+                                                                  path: str, body: dict) -> None:
+    response = await http.post(path, json=body)
+    assert response.status_code == 401 and error_of(response) == {
+        "message": MISSING_KEY, "type": "authentication_error", "param": None, "code": "invalid_api_key"}
+    response = await http.post(path, json={"model": ""}, headers=auth("sk-sluice-forged"))
+    assert response.status_code == 401 and error_of(response)["message"] == "Incorrect API key provided."
+    # (authentication comes before reading the body, as on the admin routes)
+    user = store(accounts).create(KeyCreate(name="user"))
+    store(accounts).revoke(user.id)
+    response = await http.post(path, json=body, headers=auth(user))
+    assert response.status_code == 401 and error_of(response)["message"] == "This API key has been revoked."
+    allowed = store(accounts).create(KeyCreate(name="allowed"))
+    response = await http.post(path, json={**body, "n": 2}, headers=auth(allowed))
+    assert response.status_code == 400 and error_of(response)["param"] == "n"  # past auth: the handler checks
 
 
 async def test_an_admin_manages_keys_over_http(http: httpx.AsyncClient, accounts: Accounts) -> None:
@@ -115,6 +142,8 @@ async def test_usage_is_per_calling_key_and_admins_may_name_one(http: httpx.Asyn
     report = (await http.get("/v1/usage?since=2h", headers=auth(alice))).json()
     assert report["key_id"] == alice.id and [m["model"] for m in report["data"]] == ["m1", "m2"]
     m1 = report["data"][0]
+    assert list(m1) == ["key_id", "model", "requests", "errors", "prompt_tokens", "cached_tokens",
+                        "completion_tokens", "mean_ttft_s", "mean_total_s"]  # the row's shape on the wire
     assert m1["requests"] == 3 and m1["prompt_tokens"] == sum(r.prompt_tokens for r in records if r.model == "m1")
     response = await http.get(f"/v1/usage?key_id={alice.id}", headers=auth(bob))
     assert response.status_code == 403

@@ -88,3 +88,46 @@ async def test_stall_raises_timeout(clients, namespace) -> None:  # noqa: ANN001
     with pytest.raises(TimeoutError):
         await stream.get_batch(0.05)
     await hub.close()
+
+
+async def test_close_publishes_what_is_pending_before_the_flusher_ran(clients, namespace) -> None:  # noqa: ANN001
+    frontend, worker = clients
+    hub = StreamHub(frontend, f"sluice:{namespace}:tok:f5")
+    await hub.start()
+    stream = hub.open("r", "w")
+    pub = DeltaPublisher(worker)
+    pub.start()
+    pub.publish(hub.channel, encode_delta(TokenDelta("r", 0, [1])))
+    pub.publish(hub.channel, encode_delta(TokenDelta("r", 1, [2], finish_reason="stop")))
+    async with asyncio.timeout(5):
+        await pub.close()  # in this task, so before the flusher had its first turn
+    deltas = await drain(stream)
+    assert [d.seq for d in deltas] == [0, 1] and deltas[-1].finish_reason == "stop"
+    await hub.close()
+
+
+async def test_a_lost_connection_fails_the_streams_in_flight_and_the_hub_resubscribes(
+        redis_server, namespace) -> None:  # noqa: ANN001
+    name = f"hub-{namespace}"
+    frontend = aioredis.from_url(redis_server.url, client_name=name)
+    worker = aioredis.from_url(redis_server.url)
+    hub = StreamHub(frontend, f"sluice:{namespace}:tok:f6")
+    await hub.start()
+    stream = hub.open("r", "w")
+    await worker.publish(hub.channel, encode_delta(TokenDelta("r", 0, [1])))
+    assert [d.seq for d in await stream.get_batch(5)] == [0]
+    for client in await worker.client_list(_type="pubsub"):
+        if client["name"] == name:
+            await worker.client_kill_filter(_id=client["id"])
+    deltas = await drain(stream)
+    assert deltas[-1].error is not None and deltas[-1].error.type == "stream_interrupted"
+    for _ in range(100):  # back after the first pause (0.2 s)
+        if await worker.pubsub_numsub(hub.channel) == [(hub.channel.encode(), 1)]:
+            break
+        await asyncio.sleep(0.05)
+    later = hub.open("r2", "w")
+    await worker.publish(hub.channel, encode_delta(TokenDelta("r2", 0, [7], finish_reason="stop")))
+    assert [t for d in await drain(later) for t in d.token_ids] == [7]
+    await hub.close()
+    await frontend.aclose()
+    await worker.aclose()

@@ -21,10 +21,10 @@ from router.kv_policy import KvPolicy
 from router.policies import RouteRequest
 from router.prefix_index import PrefixIndex
 from router.reaper import reap_dead_workers
-from router.registry import Registry
+from router.registry import Registry, WorkerIdentity
 from sluice.devstack import RedisServer, wait_until
 from workers.engines.mocker import MockerEngine
-from workers.host import EngineHost, WorkerIdentity
+from workers.host import EngineHost
 
 MODEL = "m"
 BLOCK = 4

@@ -40,7 +40,8 @@ Contract (checked by tests/engines/test_conformance.py, which every engine must 
   ``AllBlocksCleared`` and then ``BlockStored`` for whatever is cached afterwards, so a router
   replaying the events holds ``cached_block_hashes()``. It raises ``UpstreamError`` only when the
   engine fails.
-* ``load()`` is cheap and thread-safe enough to call from the heartbeat.
+* ``load()`` is cheap and thread-safe enough to call from the heartbeat; it leaves ``updated_at`` 0
+  (the heartbeat stamps it).
 * ``shutdown()`` ends every live request (each iterator ends with ``finish_reason="abort"`` or
   raises a ``SluiceError``; none is left waiting), refuses new ones, and releases the engine's
   resources.
@@ -55,6 +56,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.messages import FinishReason, KvEvent, SamplingParams, Usage
+from router.registry import WorkerLoad
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +89,6 @@ class EngineOutput:
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    running: int
-    waiting: int
-    active_blocks: int
-    total_blocks: int
-
-    @property
-    def kv_usage(self) -> float:
-        return self.active_blocks / self.total_blocks if self.total_blocks else 0.0
 
 
 class KvEventSink(Protocol):
@@ -138,7 +128,7 @@ class Engine(abc.ABC):
     async def abort(self, request_id: str) -> None: ...
 
     @abc.abstractmethod
-    def load(self) -> EngineLoad: ...
+    def load(self) -> WorkerLoad: ...
 
     @abc.abstractmethod
     async def clear_kv_cache(self) -> None: ...

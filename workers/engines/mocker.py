@@ -48,10 +48,10 @@ from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
 from core.messages import AllBlocksCleared, FinishReason, SamplingParams, Usage
 from core.settings import MockerSettings
 from router.hashing import block_hashes, root_hash
+from router.registry import WorkerLoad
 from workers.engines.base import (
     Engine,
     EngineInfo,
-    EngineLoad,
     EngineOutput,
     EngineRequest,
     EngineStartError,
@@ -181,8 +181,8 @@ class MockerEngine(Engine):
             self._drop(req)
             self._close(req, finish="abort")
 
-    def load(self) -> EngineLoad:
-        return EngineLoad(
+    def load(self) -> WorkerLoad:
+        return WorkerLoad(
             running=len(self._running), waiting=len(self._waiting),
             active_blocks=self._kv.active_blocks, total_blocks=self._kv.num_blocks,
         )

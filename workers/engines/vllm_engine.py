@@ -66,10 +66,10 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
 from core.messages import FinishReason, SamplingParams, Usage
 from core.settings import VllmSettings
+from router.registry import WorkerLoad
 from workers.engines.base import (
     Engine,
     EngineInfo,
-    EngineLoad,
     EngineOutput,
     EngineRequest,
     EngineStartError,
@@ -312,7 +312,7 @@ class VllmEngine(Engine):
             await _core_caught_up(llm)
 
     # ---- state ----------------------------------------------------------------------------------
-    def load(self) -> EngineLoad:
+    def load(self) -> WorkerLoad:
         block = self.info.block_size
         running = waiting = active = 0
         for live in self._live.values():
@@ -321,7 +321,7 @@ class VllmEngine(Engine):
             else:
                 waiting += 1
             active += math.ceil((live.prompt_tokens + live.generated) / block)
-        return EngineLoad(running=running, waiting=waiting, active_blocks=active, total_blocks=self.info.kv_blocks)
+        return WorkerLoad(running=running, waiting=waiting, active_blocks=active, total_blocks=self.info.kv_blocks)
 
     async def clear_kv_cache(self) -> None:
         """Reset vLLM's prefix cache, preempting running requests (they recompute their KV) so
