@@ -34,6 +34,7 @@ endif
 .PHONY: run test test-fast test-vllm bench bench-vllm bench-router lint venv venv-vllm redis models clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
+	@echo "==> Installing $(VENV) from $(LOCK): the frontend, the mocker and the test tools (pip, quiet; a minute or two the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r $(LOCK)
@@ -44,6 +45,7 @@ venv: $(BIN)/.installed
 
 ## The vLLM environment (about 5 minutes and 3.5 GB the first time; once, thanks to the stamp file).
 $(VLLM_BIN)/.installed: pyproject.toml $(VLLM_LOCK)
+	@echo "==> Installing $(VLLM_VENV): vLLM $(VLLM_VERSION) and torch for the vLLM worker$(if $(HAS_GPU), (GPU build),, from $(VLLM_LOCK)) (pip, quiet; about 5 minutes and 3.5 GB the first time, once)"
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --upgrade pip
 	$(VLLM_INSTALL)
@@ -88,6 +90,8 @@ endif
 
 ## The whole local stack (frontend on $SLUICE_PORT or 8000, $SLUICE_WORKERS workers, Flower on 5555).
 run: venv redis models
+	@echo "==> Starting the stack with honcho (Procfile): frontend, $(SLUICE_WORKERS) $(SLUICE_ENGINE) worker(s), bookkeeper, Flower."
+	@echo "    A line 'Sluice is ready: API ...' follows once the workers are live$(if $(filter vllm,$(SLUICE_ENGINE)), (a vLLM worker loads its model in about a minute on a CPU)). Ctrl-C stops everything."
 	SLUICE_ENGINE=$(SLUICE_ENGINE) SLUICE_MODEL=$(SLUICE_MODEL) SLUICE_WORKERS=$(SLUICE_WORKERS) \
 	SLUICE_AUTH=$${SLUICE_AUTH:-0} $(BIN)/honcho start -f Procfile -c worker=$(SLUICE_WORKERS)
 
@@ -117,6 +121,7 @@ bench: venv
 bench-vllm: venv-vllm
 	./scripts/ensure_redis.sh
 	$(VLLM_BIN)/python -m bench.vllm_bench
+	@echo "==> Cancellation latency (a mocker worker): client disconnect -> abort on the worker"
 	$(BIN)/python -m bench.cancel_bench
 
 bench-router: venv
@@ -124,8 +129,11 @@ bench-router: venv
 	$(BIN)/python -m bench.router_bench
 	$(BIN)/python -m bench.router_quality
 
+## ruff on the Python, luacheck (Debian's lua-check) on the Redis scripts (.luacheckrc).
 lint: venv
 	$(BIN)/ruff check .
+	@command -v luacheck >/dev/null || { echo "luacheck missing: sudo apt-get install lua-check"; exit 1; }
+	luacheck -q router/lua app/accounts/lua
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache bench/results

@@ -28,9 +28,8 @@ from core.errors import (
     UpstreamError,
 )
 from core.messages import ControlCommand, GenerateRequest, SamplingParams, encode_control, request_to_builtins
-from router.policies import RouteRequest, RouterOverrides, TaskParts
-from workers.celery_app import GENERATE_TASK
-from workers.wire import task_message_parts
+from core.wire import GENERATE_TASK, task_message_parts
+from router.policies import RouteRequest, RouterOverrides
 
 if TYPE_CHECKING:
     from app.accounts.service import Principal
@@ -105,8 +104,8 @@ class Generation:
         policy = rt.policy(mode)
         payload = GenerateRequest(request_id=self.request_id, model=spec.model, token_ids=spec.prompt_token_ids,
                                   sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline)
-        task = TaskParts(*task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self.request_id,
-                                             argsrepr=f"request {self.request_id}: {self.prompt_tokens} prompt tokens"))
+        task = task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self.request_id,
+                                  argsrepr=f"request {self.request_id}: {self.prompt_tokens} prompt tokens")
         # The stream is registered before anything can reach a worker (the kv policy enqueues as it
         # routes): a first delta must find its request.
         stream = rt.hub.open(self.request_id, None)

@@ -11,9 +11,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api.errors import install_error_handlers
 from app.api.router import api_router
 from app.runtime import FrontendRuntime
+from core.http_errors import install_error_handlers
 from core.settings import Settings, get_settings
 
 #: Recent FastAPI releases carry OpenTelemetry hooks that look up the global OpenTelemetry providers on

@@ -1,4 +1,4 @@
-"""Cancellation latency: `python -m bench.cancel_bench` (part of `make bench`).
+"""Cancellation latency: `python -m bench.cancel_bench` (run by `make bench-vllm`, after the vLLM benchmark).
 
 Starts a private Redis, one frontend and one mocker worker (real timing, speedup 1), then, many
 times over: opens a long streaming chat completion, reads a few tokens, disconnects, and times how

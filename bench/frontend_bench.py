@@ -77,10 +77,15 @@ def sluice_stack(workers: int, task_events: bool = True, router: str = "kv") -> 
     stack = Stack(redis_url=redis.url, namespace=f"bench{uuid.uuid4().hex[:6]}", model_path=tok,
                   env_extra={"SLUICE_WORKER__MOCKER__NO_SLEEP": "true", "SLUICE_ROUTER_MODE": router,
                              "SLUICE_WORKER__TASK_EVENTS": "true" if task_events else "false"})
-    for i in range(workers):
-        stack.start_worker(f"bench{i}")
-    stack.start_frontend()
-    stack.wait_ready(MODEL, workers)
+    try:
+        for i in range(workers):
+            stack.start_worker(f"bench{i}")
+        stack.start_frontend()
+        stack.wait_ready(MODEL, workers)
+    except BaseException:
+        stack.stop()
+        redis.stop()
+        raise
     return redis, stack
 
 

@@ -20,10 +20,7 @@ import asyncio
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -37,7 +34,7 @@ from rich.table import Table
 from bench.loadgen import run_load
 from bench.stats import cpu_seconds, pct
 from core.settings import Settings
-from sluice.devstack import RedisServer, Stack, free_port, wait_until
+from sluice.devstack import Processes, RedisServer, Stack, free_port, wait_until
 from workers.models.prepare import prepare_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -120,22 +117,14 @@ class Server:
 
 def start_vllm_server(model_dir: Path, cfg: EngineConfig) -> Server:
     port = free_port()
-    log = Path(tempfile.mkdtemp(prefix="sluice-bench-vllm-")) / "vllm.log"
+    processes = Processes(prefix="sluice-bench-vllm-")  # stopped, its log removed, however the bench ends
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args()]
-    proc = subprocess.Popen(cmd, env={**os.environ, **cfg.vllm_env()}, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def stop() -> None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    server = processes.spawn("vllm", cmd, {**os.environ, **cfg.vllm_env()})
 
     def up() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM's server exited ({proc.returncode}); see {log}")
+        if not server.alive():
+            raise RuntimeError(f"vLLM's server exited ({server.popen.returncode}):\n{server.tail()}")
         try:
             return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200
         except httpx.HTTPError:
@@ -144,9 +133,9 @@ def start_vllm_server(model_dir: Path, cfg: EngineConfig) -> Server:
     try:
         wait_until(up, START_TIMEOUT_S, "vLLM's OpenAI server", interval=0.5)
     except BaseException:
-        stop()
+        processes.stop()
         raise
-    return Server("vLLM server", f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid, stop)
+    return Server("vLLM server", f"http://127.0.0.1:{port}/v1/chat/completions", server.popen.pid, processes.stop)
 
 
 def start_sluice(model_dir: Path, cfg: EngineConfig) -> Server:

@@ -72,6 +72,13 @@ class TokenDelta(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class ControlCommand(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A command to one worker (or every worker, on the broadcast channel), fire and forget.
+
+    ``cancel`` aborts ``request_id`` (remembered if its task has not started yet); ``clear_kv``
+    drops the engine's unused cached blocks. ``drain`` is part of the wire format but not yet acted
+    on: a worker that receives it ignores it and keeps taking tasks.
+    """
+
     op: Literal["cancel", "clear_kv", "drain"]
     request_id: str | None = None
     v: int = MESSAGE_VERSION
@@ -80,7 +87,6 @@ class ControlCommand(msgspec.Struct, frozen=True, omit_defaults=True):
 _delta_encoder = msgspec.msgpack.Encoder()
 _delta_decoder = msgspec.msgpack.Decoder(TokenDelta)
 _control_decoder = msgspec.msgpack.Decoder(ControlCommand)
-_request_decoder = msgspec.json.Decoder(GenerateRequest)
 
 
 def encode_delta(delta: TokenDelta) -> bytes:
@@ -106,10 +112,6 @@ def request_to_builtins(req: GenerateRequest) -> dict:
 
 def request_from_builtins(data: dict) -> GenerateRequest:
     return msgspec.convert(data, GenerateRequest)
-
-
-def decode_request_json(data: bytes) -> GenerateRequest:
-    return _request_decoder.decode(data)
 
 
 # --- KV cache events ---------------------------------------------------------------------------

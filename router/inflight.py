@@ -23,8 +23,8 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from core.keys import Keys
+from core.wire import TaskParts
 from router import index_scripts
-from router.policies import TaskParts
 from router.prefix_index import owner_tag
 from router.resp import hex_digits, pack_args
 from router.resp_channel import PackedScript, RespChannel

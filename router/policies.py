@@ -1,9 +1,9 @@
 """Routing policies: pick the worker (and so the Celery queue) for a request.
 
 Every policy implements :class:`Policy`. The frontend keeps one instance per mode for the life of
-the process (round robin holds a counter); the live worker list comes from the registry cache.
-``kv`` (KV-aware, prefix index in Redis) lives in router.kv_policy and plugs in through
-:func:`make_policy`.
+the process (round robin holds a counter; app.runtime builds them); the live worker list comes from
+the registry cache. ``kv`` (KV-aware, prefix index in Redis) is router.kv_policy.KvPolicy, which
+implements the same protocol.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from core.wire import TaskParts
 from router.registry import LiveWorker
 
 
@@ -25,17 +26,6 @@ class RouterOverrides:
     overlap_score_weight: float | None = None
     temperature: float | None = None
     worker_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TaskParts:
-    """A task message for a queue not chosen yet: ``head + queue + tail`` (workers.wire.task_message_parts)."""
-
-    head: bytes
-    tail: bytes
-
-    def for_queue(self, queue: str) -> bytes:
-        return self.head + queue.encode() + self.tail
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +94,11 @@ class RandomPolicy:
 
 
 class LeastLoadedPolicy:
-    """Fewest requests: the worker's heartbeat load (running + waiting) plus this frontend's own
-    requests sent since that heartbeat could have counted them. Ties are broken at random."""
+    """Fewest requests: the larger of the worker's heartbeat load (running + waiting) and this
+    frontend's own requests still in flight on it. Each undercounts in its own way (the heartbeat is
+    up to one interval old and misses what was just sent; the own count misses other frontends'
+    requests), so the larger is taken, not the sum, which would count a request twice once a
+    heartbeat includes it. Ties are broken at random."""
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()
@@ -140,9 +133,6 @@ class LeastLoadedPolicy:
 
 class PoolPolicy:
     """No choice at all: the pool's shared queue, first free worker takes it (Celery's own balancing)."""
-
-    def __init__(self, pool_queue_of: dict[str, str] | None = None) -> None:
-        self._pool_queue_of = pool_queue_of or {}
 
     async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
         return RouteDecision(worker_id=None, queue=workers[0].record.pool_queue)

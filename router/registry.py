@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 import redis.asyncio as aioredis
 
 from core.keys import MAX_WORKER_SLOTS, Keys
+from core.lua import lua_script
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,32 +89,13 @@ def _coerce(cls: type, data: dict[str, str]) -> object:
     return cls(**values)
 
 
-# Takes the lowest free slot (or the one this worker already holds). KEYS: slots hash, workers zset.
-# ARGV: worker_id, max slots, now. A slot whose holder's lease has expired counts as free.
-_CLAIM_SLOT = """
-local free = -1
-for i = 0, tonumber(ARGV[2]) - 1 do
-  local owner = redis.call('HGET', KEYS[1], i)
-  if owner == ARGV[1] then return i end
-  if free < 0 then
-    if not owner then
-      free = i
-    else
-      local exp = redis.call('ZSCORE', KEYS[2], owner)
-      if (not exp) or tonumber(exp) < tonumber(ARGV[3]) then free = i end
-    end
-  end
-end
-if free >= 0 then redis.call('HSET', KEYS[1], free, ARGV[1]) end
-return free
-"""
 
 
 class Registry:
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys
-        self._claim = client.register_script(_CLAIM_SLOT)
+        self._claim = client.register_script(lua_script("router", "claim_slot.lua"))
 
     async def register(self, record: WorkerRecord, load: WorkerLoad, ttl_s: float) -> WorkerRecord:
         """Claim a slot and write the registration under a fresh lease; returns the record with its slot."""

@@ -28,11 +28,10 @@ from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, model_validator
 
-from core.errors import InvalidRequest, NoWorkerAvailable, SluiceError
+from core.errors import InvalidRequest, NoWorkerAvailable
+from core.http_errors import install_error_handlers
 from core.keys import Keys
 from core.settings import Settings, get_settings
 from router.control import clear_kv_blocks
@@ -166,11 +165,6 @@ class RouterService:
             for w in sorted(workers, key=lambda w: w.record.worker_id)])
 
 
-def _error(status: int, message: str, type_: str, param: str | None, code: str | None) -> JSONResponse:
-    return JSONResponse(status_code=status,
-                        content={"error": {"message": message, "type": type_, "param": param, "code": code}})
-
-
 def create_app(settings: Settings | None = None, *, reaper: bool = True) -> FastAPI:
     settings = settings or get_settings()
 
@@ -194,16 +188,7 @@ def create_app(settings: Settings | None = None, *, reaper: bool = True) -> Fast
 
     app = FastAPI(title="Sluice router", lifespan=lifespan)
 
-    @app.exception_handler(SluiceError)
-    async def _sluice_error(request: Request, exc: SluiceError) -> JSONResponse:
-        return _error(exc.status_code, exc.message, exc.type, exc.param, exc.code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        message = f"{'.'.join(loc) + ': ' if loc else ''}{first.get('msg', 'invalid request')}"
-        return _error(400, message, "invalid_request_error", loc[0] if loc else None, None)
+    install_error_handlers(app)
 
     @app.post("/best_worker", response_model=BestWorkerResponse)
     async def best_worker(body: BestWorkerRequest, request: Request) -> BestWorkerResponse:

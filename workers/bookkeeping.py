@@ -35,7 +35,8 @@ from core.db import DB_UNAVAILABLE, database_url, open_database
 from core.db.usage import insert_usage
 from core.keys import Keys
 from core.settings import get_settings
-from workers.celery_app import RECORD_USAGE_TASK, app
+from core.wire import RECORD_USAGE_TASK
+from workers.celery_app import app
 
 log = logging.getLogger(__name__)
 

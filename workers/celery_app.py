@@ -16,9 +16,6 @@ from celery import Celery
 from core.keys import Keys
 from core.settings import get_settings
 
-GENERATE_TASK = "sluice.generate"
-RECORD_USAGE_TASK = "sluice.record_usage"
-
 
 def create_celery_app() -> Celery:
     settings = get_settings()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from workers.celery_app import GENERATE_TASK, app
+from core.wire import GENERATE_TASK
+from workers.celery_app import app
 from workers.runtime import RUNTIME
 
 

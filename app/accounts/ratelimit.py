@@ -29,23 +29,10 @@ from redis.exceptions import RedisError
 from core.errors import InvalidRequest, RateLimited
 from core.keys import RATE_WINDOW_S, RATE_WINDOW_TTL_S, Keys
 from core.loops import BackgroundLoop, Backoff
+from core.lua import lua_script
 
 log = logging.getLogger(__name__)
 
-# KEYS[1] the key's window hash; ARGV: rpm (-1 = none), tpm (-1 = none), prompt tokens, ttl (s).
-# Returns 0 admitted (and counted), 1 over rpm, 2 over tpm.
-_ADMIT = """
-local counts = redis.call('HMGET', KEYS[1], 'r', 't')
-local requests = tonumber(counts[1]) or 0
-local tokens = tonumber(counts[2]) or 0
-local rpm = tonumber(ARGV[1])
-local tpm = tonumber(ARGV[2])
-if rpm >= 0 and requests >= rpm then return 1 end
-if tpm >= 0 and tokens + tonumber(ARGV[3]) > tpm then return 2 end
-redis.call('HINCRBY', KEYS[1], 'r', 1)
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 0
-"""
 
 
 def window_of(now: float) -> int:
@@ -66,7 +53,7 @@ class RateLimiter:
         self.client = client
         self.keys = keys
         self.clock = clock
-        self._admit = client.register_script(_ADMIT)
+        self._admit = client.register_script(lua_script("app.accounts", "admit.lua"))
         self._charges: defaultdict[str, int] = defaultdict(int)
         # A flush in progress at close() is let finish: cut, its charges would be neither kept nor counted.
         self._charger = BackgroundLoop("rate-charges", self.flush, backoff=Backoff(first_s=CHARGE_RETRY_S),

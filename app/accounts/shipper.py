@@ -23,8 +23,7 @@ from redis.exceptions import RedisError
 
 from core import loops
 from core.accounting import UsageRecord, usage_batch_to_builtins
-from workers.celery_app import RECORD_USAGE_TASK
-from workers.wire import task_message
+from core.wire import RECORD_USAGE_TASK, task_message
 
 log = logging.getLogger(__name__)
 

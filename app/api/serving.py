@@ -21,13 +21,13 @@ from starlette.types import Receive, Scope, Send
 
 from app.accounts.service import Principal
 from app.api.deps import router_overrides
-from app.api.errors import error_payload
 from app.api.sse import DONE, StreamingEvents, sse_event
 from app.generation import Generation, GenerationSpec, resolve_max_tokens, sampling_from
 from app.model_card import ModelCard
 from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
 from app.runtime import FrontendRuntime
 from core.errors import InvalidRequest, SluiceError
+from core.http_errors import error_payload
 
 WORKER_HEADER = "x-sluice-worker"
 

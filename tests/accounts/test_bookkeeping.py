@@ -6,7 +6,7 @@ loses no usage row and counts none twice."""
 from __future__ import annotations
 
 import asyncio
-import time
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +15,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 import sqlalchemy as sa
+from kombu.transport.redis import Channel
 
 from app.accounts.service import Accounts
 from core.db.migrate import upgrade
@@ -30,6 +31,21 @@ def bookkeeper(tmp_path: Path, redis_server, namespace: str, url: str, tokenizer
            # Until workers.signals leaves bookkeepers alone, the worker also starts an engine: give it a tokenizer.
            "SLUICE_MODEL_PATH": str(tokenizer_dir), "PYTHONUNBUFFERED": "1"}
     return BookkeeperProcess(env=env, queue=Keys(namespace).bookkeeping_queue, log_path=tmp_path / f"bookkeeper-{uuid.uuid4().hex[:6]}.log")
+
+
+def held_by_bookkeepers(client: redis.Redis, queue: str) -> int:
+    """Messages taken from ``queue`` and not acknowledged yet. The bookkeeper keeps kombu's ack
+    emulation: each delivered message waits in the ``unacked`` hash (``[message, exchange,
+    routing key]``) until the row insert has committed and the task acks it."""
+    return sum(1 for raw in client.hvals(Channel.unacked_key) if json.loads(raw)[2] == queue)
+
+
+async def settled(client: redis.Redis, queue: str, timeout_s: float = 30) -> None:
+    """Wait (without blocking the event loop) until every message of ``queue`` was taken and
+    acknowledged: from then on no row can land, so counts are final."""
+    await asyncio.to_thread(
+        wait_until, lambda: client.llen(queue) == 0 and held_by_bookkeepers(client, queue) == 0, timeout_s,
+        "the bookkeepers to take and acknowledge every message")
 
 
 @pytest.fixture
@@ -59,8 +75,7 @@ async def test_the_bookkeeper_writes_every_row(tmp_path: Path, redis_server, nam
     await ship(accounts, records)
     await asyncio.to_thread(wait_until, lambda: count_rows(db_url) == 120, 60, "120 usage rows")
     await ship(accounts, records[:50])  # delivered again: counted once
-    await asyncio.to_thread(wait_until, lambda: redis_client.llen(clean_queue) == 0, 30, "the queue to drain")
-    await asyncio.sleep(0.5)
+    await settled(redis_client, clean_queue)
     assert count_rows(db_url) == 120
     engine = sa.create_engine(db_url)
     with engine.connect() as connection:
@@ -115,12 +130,12 @@ async def test_a_database_outage_during_traffic_loses_no_usage_row(
         second = bookkeeper(tmp_path, redis_server, namespace, pg_db.url, tokenizer_dir).start()
         stop_later.append(second)
         await asyncio.to_thread(wait_until, lambda: "Retry in" in second.log(), 60, "the new bookkeeper to retry too")
+        assert held_by_bookkeepers(redis_client, clean_queue) > 0, "a retrying bookkeeper holds its messages unacked"
         assert count_rows_or_none(pg_db.url) is None
     finally:
         pg_db.accept_connections()
 
     await asyncio.to_thread(wait_until, lambda: count_rows(pg_db.url) == 201, 90, "all 201 rows after the outage")
-    await asyncio.to_thread(wait_until, lambda: redis_client.llen(clean_queue) == 0, 30, "the queue to drain")
-    time.sleep(1.5)  # any straggling duplicate would have landed by now
+    await settled(redis_client, clean_queue)  # a duplicate still in flight would land before this returns
     ids = request_ids(pg_db.url)
     assert len(ids) == 201 and set(ids) == {r.request_id for r in records}

@@ -17,9 +17,9 @@ from app.api import chat as chat_api
 from app.api import completions as completions_api
 from app.api import keys as keys_api
 from app.api import usage as usage_api
-from app.api.errors import install_error_handlers
 from core.db import open_database
 from core.db.usage import insert_usage
+from core.http_errors import install_error_handlers
 from tests.accounts.helpers import usage_record
 
 

@@ -22,9 +22,9 @@ from core.db import open_database
 from core.errors import Forbidden, InvalidRequest, RateLimited, Unauthorized
 from core.keys import RATE_WINDOW_S, Keys
 from core.settings import Settings
+from core.wire import RECORD_USAGE_TASK
 from tests.accounts.conftest import make_settings
 from tests.accounts.helpers import usage_record
-from workers.celery_app import RECORD_USAGE_TASK
 
 
 def new_key(accounts: Accounts, **spec: object) -> KeyCreated:

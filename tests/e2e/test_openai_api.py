@@ -3,15 +3,41 @@
 from __future__ import annotations
 
 import concurrent.futures
+import uuid
 
 import httpx
 import openai
 import pytest
+import redis
 
+from core.keys import Keys
 from sluice.devstack import Stack
 from tests.e2e.conftest import MODEL
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+PIN_W1 = {"x-sluice-router": "worker_id=w1"}
+
+
+def registered_block_size(stack: Stack, worker_id: str) -> int:
+    """The KV block size the worker registered (its engine's, not a test's guess)."""
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        return int(client.hget(Keys(stack.namespace).worker(worker_id), "block_size"))
+    finally:
+        client.close()
+
+
+def unseen(messages: list[dict]) -> list[dict]:
+    """``messages`` behind a system message no request has had: the prompt's first block (and so
+    every block, the hashes being chained) is new to every worker. Without it the model's default
+    system prompt, which fills the first block, would already be cached."""
+    return [{"role": "system", "content": f"Session {uuid.uuid4().hex}."}, *messages]
+
+
+def reused_tokens(prompt_tokens: int, block_size: int) -> int:
+    """What an engine reports as cached for a prompt whose every block it holds: its full blocks,
+    except that the last prompt token is always computed (vLLM's rule, which the mocker follows)."""
+    return (prompt_tokens - 1) // block_size * block_size
 
 
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
@@ -20,14 +46,21 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     assert models[0].model_extra["max_model_len"] == 8192
 
 
-def test_chat_non_streaming(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0)
+def test_chat_non_streaming(client: openai.OpenAI, stack: Stack) -> None:
+    fresh = unseen(QUESTION)
+    r = client.chat.completions.create(model=MODEL, messages=fresh, max_tokens=12, temperature=0,
+                                       extra_headers=PIN_W1)
     choice = r.choices[0]
     assert choice.finish_reason == "length" and choice.message.role == "assistant" and choice.message.content
     assert r.usage.completion_tokens == 12
     assert r.usage.prompt_tokens > 10
     assert r.usage.total_tokens == r.usage.prompt_tokens + 12
-    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+    assert r.usage.prompt_tokens_details.cached_tokens == 0  # a prompt no worker has seen
+    again = client.chat.completions.create(model=MODEL, messages=fresh, max_tokens=12, temperature=0,
+                                           extra_headers=PIN_W1)
+    expected = reused_tokens(r.usage.prompt_tokens, registered_block_size(stack, "w1"))
+    assert again.usage.prompt_tokens == r.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens == expected > 0
 
 
 def test_chat_streaming_matches_non_streaming_and_reports_usage(client: openai.OpenAI) -> None:
@@ -80,13 +113,13 @@ def test_completions_text_and_token_prompts(client: openai.OpenAI) -> None:
 
 
 def test_repeated_long_prompt_reports_cached_tokens(client: openai.OpenAI, stack: Stack) -> None:
-    long_q = [{"role": "user", "content": "Tell me about rivers. " * 40}]
-    pin = {"x-sluice-router": "worker_id=w1"}
-    first = client.chat.completions.create(model=MODEL, messages=long_q, max_tokens=4, extra_headers=pin)
-    again = client.chat.completions.create(model=MODEL, messages=long_q, max_tokens=4, extra_headers=pin)
+    long_q = unseen([{"role": "user", "content": "Tell me about rivers. " * 40}])
+    first = client.chat.completions.create(model=MODEL, messages=long_q, max_tokens=4, extra_headers=PIN_W1)
+    again = client.chat.completions.create(model=MODEL, messages=long_q, max_tokens=4, extra_headers=PIN_W1)
     assert first.usage.prompt_tokens == again.usage.prompt_tokens > 200
-    assert again.usage.prompt_tokens_details.cached_tokens >= 160
-    assert again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    expected = reused_tokens(again.usage.prompt_tokens, registered_block_size(stack, "w1"))
+    assert again.usage.prompt_tokens_details.cached_tokens == expected >= 192
 
 
 def test_concurrent_streams_all_complete(client: openai.OpenAI) -> None:

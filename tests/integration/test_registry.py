@@ -18,11 +18,17 @@ def record(wid: str) -> WorkerRecord:
                         started_at=time.time())
 
 
+async def delete_namespace(client: aioredis.Redis, keys: Keys) -> None:
+    """Every key of the test's namespace, and nothing else: the session's Redis is shared."""
+    async for key in client.scan_iter(match=f"{keys.prefix}:*", count=1000):
+        await client.delete(key)
+
+
 @pytest.fixture
 async def registry(redis_server, namespace):  # noqa: ANN001, ANN201
     client = aioredis.from_url(redis_server.url)
     yield Registry(client, Keys(namespace))
-    await client.flushdb()
+    await delete_namespace(client, Keys(namespace))
     await client.aclose()
 
 
@@ -51,7 +57,8 @@ async def test_expired_lease_drops_out_and_slot_is_recycled(registry: Registry) 
 async def test_heartbeat_reregisters_after_the_registration_vanished(registry: Registry) -> None:
     a = await registry.register(record("a"), WorkerLoad(), 5)
     assert await registry.heartbeat(a, WorkerLoad(running=1), 5) is None
-    await registry.client.flushdb()  # what a Redis restart looks like to the worker
+    await delete_namespace(registry.client, registry.keys)  # what a Redis restart looks like to the worker
+    assert await registry.client.keys(f"{registry.keys.prefix}:*") == []
     again = await registry.heartbeat(a, WorkerLoad(running=1), 5)
     assert again is not None and again.slot == 0
     assert [w.record.worker_id for w in await registry.live_workers()] == ["a"]

@@ -85,7 +85,7 @@ async def test_workers_lists_load_and_index_size(http: httpx.AsyncClient, aredis
 @pytest.mark.parametrize(("body", "param"), [
     ({"model": "m"}, None),
     ({"model": "m", "token_ids": [1], "text": "x"}, None),
-    ({"model": "m", "token_ids": [-1]}, "token_ids"),
+    ({"model": "m", "token_ids": [-1]}, "token_ids.0"),
     ({"model": "m", "token_ids": "nope"}, "token_ids"),
     ({"token_ids": [1]}, "model"),
     ({"model": "m", "token_ids": [1], "temperature": -1}, "temperature"),

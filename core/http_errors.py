@@ -1,29 +1,51 @@
-"""The one place where errors become OpenAI-shaped HTTP responses."""
+"""The one place where errors become OpenAI-shaped HTTP responses:
+``{"error": {"message", "type", "param", "code"}}`` with the error's status.
+
+Both HTTP services (the frontend, app.main, and the standalone router, router.service) install
+these handlers; the frontend's SSE streams end with :func:`error_payload` as their last event.
+"""
 
 from __future__ import annotations
 
 import logging
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from app.protocol.common import encode
-from app.protocol.errors import ErrorBody, ErrorDetail
 from core.errors import RateLimited, SluiceError
 
 log = logging.getLogger(__name__)
 
 
-def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> Response:
-    body = encode(ErrorBody(ErrorDetail(message=message, type=type_, param=param, code=code)))
-    return Response(body, status_code=status, media_type="application/json", headers=headers)
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
+    return _encode(ErrorBody(ErrorDetail(message=message, type=type_, param=param, code=code)))
 
 
 def error_payload(exc: SluiceError) -> bytes:
-    return encode(ErrorBody(ErrorDetail(message=exc.message, type=exc.type, param=exc.param, code=exc.code)))
+    return error_body(exc.message, exc.type, exc.param, exc.code)
+
+
+def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(message, type_, param, code), status_code=status, media_type="application/json",
+                    headers=headers)
 
 
 async def _sluice_error(request: Request, exc: Exception) -> Response:

@@ -1,13 +1,16 @@
-"""Celery task messages written straight to a Redis list, in Celery's own protocol (v2).
+"""The task protocol between the frontend and the workers: task names and Celery messages.
 
 The frontend enqueues one task per request on its hot path. ``apply_async`` costs about 1 ms of
 CPU per call; building the same message here and pushing it with one ``LPUSH`` costs a fraction
 of that, and Celery workers, Flower and ``celery inspect`` see an ordinary task message. This
-module imports neither Celery nor kombu, so the frontend stays light.
+module imports neither Celery nor kombu: the frontend (app, router) and the workers share it, and
+the frontend never imports Celery. tests/integration/test_wire_celery.py holds the message equal,
+field by field, to the one Celery and kombu build for the same call.
 
-Format (kombu's Redis transport): a JSON envelope ``{body, content-encoding, content-type,
-headers, properties}``; ``body`` is base64 of the JSON triple ``[args, kwargs, embed]``; the
-list key is the queue name (priority 0); workers ``BRPOP`` from the right, so we ``LPUSH``.
+Format (Celery protocol v2 on kombu's Redis transport): a JSON envelope ``{body,
+content-encoding, content-type, headers, properties}``; ``body`` is base64 of the JSON triple
+``[args, kwargs, embed]``; the list key is the queue name (priority 0); workers ``BRPOP`` from the
+right, so the frontend ``LPUSH``es.
 """
 
 from __future__ import annotations
@@ -16,12 +19,31 @@ import base64
 import os
 import socket
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+#: Generate tokens for one request (workers.tasks).
+GENERATE_TASK = "sluice.generate"
+#: Record one batch of usage rows (workers.bookkeeping).
+RECORD_USAGE_TASK = "sluice.record_usage"
+
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskParts:
+    """A task message for a queue not chosen yet: ``head + queue + tail`` is the message for
+    ``queue`` (a queue name needs no JSON escaping). The KV router pushes it onto the queue it
+    picks, in the same Redis call that picks it."""
+
+    head: bytes
+    tail: bytes
+
+    def for_queue(self, queue: str) -> bytes:
+        return self.head + queue.encode() + self.tail
 
 
 def task_message(
@@ -79,10 +101,8 @@ _QUEUE_MARK_JSON = orjson.dumps(_QUEUE_MARK)[1:-1]
 
 
 def task_message_parts(task_name: str, args: list[Any], *, task_id: str | None = None,
-                       argsrepr: str | None = None) -> tuple[bytes, bytes]:
-    """:func:`task_message` for a queue not chosen yet: ``(head, tail)`` such that
-    ``head + queue + tail`` is the message for ``queue`` (a queue name needs no JSON escaping). The
-    KV router pushes it onto the queue it picks, in the same Redis call."""
+                       argsrepr: str | None = None) -> TaskParts:
+    """:func:`task_message` for a queue not chosen yet (see :class:`TaskParts`)."""
     head, tail = task_message(task_name, args, _QUEUE_MARK, task_id=task_id, argsrepr=argsrepr).split(
         _QUEUE_MARK_JSON)
-    return head, tail
+    return TaskParts(head, tail)

@@ -1,0 +1,243 @@
+-- DECIDE: scores, decides, records and enqueues in one atomic step (ONE round trip per request).
+-- How it finds overlaps and what it returns: router/index_scripts.py (DECIDE).
+-- Returns {chosen (1-based), cost, overlap of the chosen, approx status ('' | 'ok' | 'busy')}.
+-- include: helpers.lua
+
+local sums_key = KEYS[1]      -- in-flight sums (two uint32 per slot: decode, queued prefill)
+local requests_key = KEYS[2]  -- in-flight requests
+local expiry_key = KEYS[3]    -- in-flight expiry zset
+local owners_key = KEYS[4]    -- slot owners
+local tags_key = KEYS[5]      -- slot owner tags
+-- KEYS[6..]: for every candidate in approximate mode, its approx zset and its meta, in order.
+local FIRST_APPROX_KEY = 6
+
+local rid = ARGV[1]                        -- the request id
+local prediction_ttl_ms = tonumber(ARGV[2])
+local u = tonumber(ARGV[3])                -- uniform in [0, 1): ties and sampling
+local temperature = tonumber(ARGV[4])
+local pinned = tonumber(ARGV[5])           -- the pinned candidate (1-based), 0 = none
+local weight = tonumber(ARGV[6])           -- overlap score weight
+local hot = ARGV[7]      -- 5 little-endian doubles per candidate: slot, scale, active blocks, chain, tag
+local cold = ARGV[8]     -- 6 little-endian doubles per candidate: approx cap, approx number, then
+                         -- offset and length of its worker id, and of its queue, in `names`
+local names = ARGV[9]    -- the candidates' worker ids and queues, concatenated
+local lookup = ARGV[10]  -- a little-endian uint16 per slot: the candidate at that slot (1-based) or 0
+local model = ARGV[11]
+local prefix = ARGV[12]  -- the model's block key prefix
+local approx_ttl_ms = tonumber(ARGV[13])
+local task_head, task_tail = ARGV[14], ARGV[15]  -- '' and '': enqueue nothing
+local nchains = tonumber(ARGV[16])
+-- ARGV[15 + 2c], ARGV[16 + 2c] for chain c = 1..nchains: the prompt's length in blocks and its hex
+-- chain; then pending in-flight operations (pairs, as RELEASE takes them).
+local function chain_blocks(c) return tonumber(ARGV[15 + 2 * c]) end
+local function chain_hex(c) return ARGV[16 + 2 * c] end
+local FIRST_PENDING = 17 + 2 * nchains
+
+local function undo(id)
+  local rec = redis.call('HGET', requests_key, id)
+  if not rec then return false end
+  local slot, d, p = string.match(rec, '^(%-?%d+) (%d+) (%d+) ')
+  add_sums(sums_key, tonumber(slot), -tonumber(d), -tonumber(p))
+  redis.call('HDEL', requests_key, id)
+  return true
+end
+
+-- The values of a string packed as one repeated item of ``size`` bytes (a struct format with its byte
+-- order, one value per item), as one flat table; chunked, since a Lua call returns at most a few
+-- thousand values.
+local function unpack_all(item, size, data)
+  local n = math.floor(#data / size)
+  if n <= 2000 then return {struct.unpack(string.rep(item, n), data)} end
+  local out = {}
+  for first = 0, n - 1, 2000 do
+    local m = math.min(2000, n - first)
+    local v = {struct.unpack(string.rep(item, m), data, size * first + 1)}
+    for k = 1, m do out[first + k] = v[k] end
+  end
+  return out
+end
+
+local now = now_ms()
+local expired = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', now, 'LIMIT', 0, 64)
+for _, id in ipairs(expired) do undo(id) end
+if #expired > 0 then call_chunked('ZREM', expiry_key, expired) end
+-- A request id decided before: its prediction is replaced, and its task (if any) was pushed then (a
+-- call repeated after a lost reply must not enqueue the request twice).
+local again = undo(rid)
+
+-- Releases and prefill-done marks this router had pending ride along: applied before the costs.
+settle(sums_key, requests_key, expiry_key, ARGV, FIRST_PENDING, #ARGV)
+
+local SPLIT = 8
+local unpack_at, byte, floor, band, rshift = struct.unpack, string.byte, math.floor, bit.band, bit.rshift
+-- H[5i-4 .. 5i]: slot, scale, active, chain, tag of candidate i.
+local H = unpack_all('<d', 8, hot)
+local n = #hot / 40
+local nslots = #lookup / 2
+local tags = nil
+local overlap, prompt = {}, {}
+
+local function holds(v, s)
+  if not v then return false end
+  local x = byte(v, floor(s / 8) + 1)
+  return x ~= nil and band(x, rshift(128, s % 8)) ~= 0
+end
+
+for c = 1, nchains do
+  local hex = chain_hex(c)
+  local count = #hex / 16
+  prompt[c] = chain_blocks(c)
+  local R = {}
+  local function fetch(pos)
+    local block_keys = {}
+    for j = 1, #pos do
+      local q = pos[j]
+      block_keys[j] = prefix .. string.sub(hex, 16 * q + 1, 16 * q + 16)
+    end
+    local values = redis.call('MGET', unpack(block_keys))
+    for j = 1, #pos do R[pos[j]] = values[j] end
+  end
+  if count > 0 then fetch(count > 1 and {0, count - 1} or {0}) end
+  -- The candidates of this chain holding its first block, at a slot the index says is theirs.
+  local alive = {}
+  local first = R[0]
+  local nbytes = first and math.min(#first, floor((nslots + 7) / 8)) or 0
+  if nbytes > 0 then
+    local bytes = {byte(first, 1, nbytes)}
+    for b = 1, nbytes do
+      local x = bytes[b]
+      if x ~= 0 then
+        for k = 0, 7 do
+          local s = 8 * b - 8 + k
+          if band(x, rshift(128, k)) ~= 0 and s < nslots then
+            local i = unpack_at('<I2', lookup, 2 * s + 1)
+            if i > 0 and H[5 * i - 1] == c then
+              tags = tags or redis.call('GET', tags_key) or ''
+              if #tags >= 4 * s + 4 and unpack_at('>I4', tags, 4 * s + 1) == H[5 * i] then alive[#alive + 1] = i end
+            end
+          end
+        end
+      end
+    end
+  end
+  if #alive > 0 then
+    -- bounds: the positions b where R(b - 1) ~= R(b), i.e. where some bit's run ends.
+    local bounds = {}
+    local open = {}
+    if count > 1 and R[0] ~= R[count - 1] then open = {0, count - 1} end
+    while #open > 0 do
+      local pos, spans = {}, {}
+      for k = 1, #open, 2 do
+        local lo, hi = open[k], open[k + 1]
+        if hi - lo == 1 then
+          bounds[#bounds + 1] = hi
+        else
+          local points, last = {lo}, lo
+          for j = 1, SPLIT - 1 do
+            local q = lo + floor(j * (hi - lo) / SPLIT)
+            if q > last then points[#points + 1] = q; pos[#pos + 1] = q; last = q end
+          end
+          points[#points + 1] = hi
+          spans[#spans + 1] = points
+        end
+      end
+      if #pos > 0 then fetch(pos) end
+      open = {}
+      for _, points in ipairs(spans) do
+        for j = 1, #points - 1 do
+          local a, b = points[j], points[j + 1]
+          if R[a] ~= R[b] then open[#open + 1] = a; open[#open + 1] = b end
+        end
+      end
+    end
+    table.sort(bounds)
+    for _, i in ipairs(alive) do
+      local s, run = H[5 * i - 4], count
+      for _, b in ipairs(bounds) do
+        if not holds(R[b], s) then run = b; break end
+      end
+      overlap[i] = run
+    end
+  end
+end
+
+local sums = redis.call('GET', sums_key) or ''
+-- S[2s+1], S[2s+2]: decode and queued prefill sums of slot s (slots past the string read as 0).
+local top = math.min(nslots, floor(#sums / 8))
+local S = top > 0 and unpack_all('>I4', 4, string.sub(sums, 1, 8 * top)) or {}
+local costs, low, max = {}, math.huge, math.max
+for i = 1, n do
+  local o = 5 * i - 5
+  local s, scale = H[o + 1], H[o + 2]
+  local dsum, psum = 0, 0
+  if s >= 0 and s < top then dsum, psum = S[2 * s + 1], S[2 * s + 2] end
+  local sw = scale * weight
+  local c = sw * (prompt[H[o + 4]] - (overlap[i] or 0)) + sw * psum + scale * max(H[o + 3], dsum)
+  costs[i] = c
+  if c < low then low = c end
+end
+
+local chosen = pinned
+if chosen == 0 then
+  if temperature <= 0 then
+    local ties = {}
+    for i = 1, n do if costs[i] == low then ties[#ties + 1] = i end end
+    chosen = ties[math.floor(u * #ties) + 1]
+  else
+    local cum, acc = {}, 0
+    for i = 1, n do acc = acc + math.exp(-(costs[i] - low) / temperature); cum[i] = acc end
+    local target = u * acc
+    chosen = n
+    for i = 1, n do if cum[i] > target then chosen = i; break end end
+  end
+end
+
+local cap, approx_no, woff, wlen, qoff, qlen = unpack_at('<dddddd', cold, 48 * chosen - 47)
+local wid = string.sub(names, woff + 1, woff + wlen)
+local s, c, tag = H[5 * chosen - 4], H[5 * chosen - 1], H[5 * chosen]
+local ov = overlap[chosen] or 0
+local d, p = prompt[c], prompt[c] - ov
+redis.call('HSET', requests_key, rid, string.format('%d %d %d ', s, d, p) .. wid)
+add_sums(sums_key, s, d, p)
+redis.call('ZADD', expiry_key, now + prediction_ttl_ms, rid)
+if task_head ~= '' and not again then
+  -- The task message for the chosen worker's queue: enqueued in the same step as the prediction.
+  local queue = string.sub(names, qoff + 1, qoff + qlen)
+  redis.call('LPUSH', queue, task_head .. queue .. task_tail)
+end
+local cost = string.format('%.17g', costs[chosen])
+
+if cap <= 0 then return {chosen, cost, ov, ''} end
+-- Approximate mode: the chosen worker is taken to cache the prompt's blocks from now on.
+local owner = redis.call('HGET', owners_key, s)
+if owner and owner ~= wid then return {chosen, cost, ov, 'busy'} end
+local zkey, mkey = KEYS[FIRST_APPROX_KEY + 2 * approx_no - 2], KEYS[FIRST_APPROX_KEY + 2 * approx_no - 1]
+local old_slot = tonumber(redis.call('HGET', mkey, 'slot'))
+if old_slot and old_slot ~= s then
+  -- The worker registered again under another slot: its guesses at the old one go.
+  clear_worker(mkey, nil, zkey)
+  unclaim(owners_key, tags_key, old_slot, wid)
+end
+if not owner then claim(owners_key, tags_key, s, wid, tag) end
+redis.call('HSET', mkey, 'slot', s, 'model', model, 'bprefix', prefix)
+expire_guesses(zkey, mkey, now, 512)
+local expiry, hex = now + approx_ttl_ms, chain_hex(c)
+-- Deeper blocks get slightly earlier expiries, so the size cap (and expiry) evicts a chain from its
+-- tail: the guesses stay prefix-closed, as the search above needs.
+local args, k = {}, 0
+for q = 1, #hex, 16 do
+  local h = string.sub(hex, q, q + 15)
+  redis.call('SETBIT', prefix .. h, s, 1)
+  args[#args + 1] = expiry - k / 1024
+  args[#args + 1] = h
+  k = k + 1
+end
+for a = 1, #args, CHUNK do
+  redis.call('ZADD', zkey, unpack(args, a, math.min(a + CHUNK - 1, #args)))
+end
+local over = redis.call('ZCARD', zkey) - cap
+if over > 0 then
+  local popped = redis.call('ZPOPMIN', zkey, over)
+  for j = 1, #popped, 2 do clear(prefix .. popped[j], s) end
+end
+return {chosen, cost, ov, 'ok'}
