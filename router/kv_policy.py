@@ -114,7 +114,9 @@ class KvPolicy:
         self.inflight = InflightStore(client, keys, settings.inflight_ttl_s, channel=self.channel)
         self._rng = rng or random.Random()
         self._model_of: dict[str, str] = {}
-        self._tables: dict[str, WorkerTable] = {}
+        # One table per model and candidate pool: a disaggregated request is routed twice, over the
+        # decode (and agg) workers and over the prefill workers, and each list keeps its table.
+        self._tables: dict[tuple[str, str], WorkerTable] = {}
         self._background = BackgroundTasks("releasing a routing prediction")
         self._pending: dict[str, dict[str, str]] = {}
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -220,7 +222,8 @@ class KvPolicy:
 
     # ---- the steps ------------------------------------------------------------------------------
     def _table(self, model: str, workers: Sequence[LiveWorker]) -> WorkerTable:
-        table = self._tables.get(model)
+        key = (model, workers[0].record.pool if workers else "")
+        table = self._tables.get(key)
         if table is not None and table.same_workers(workers):
             return table
         n = len(workers)
@@ -244,7 +247,7 @@ class KvPolicy:
             tags=np.fromiter((owner_tag(ids[i]) for i in indexed), np.int64, count=indexed.size),
             active=active,
             approx_cap=caps, position={wid: i for i, wid in reversed(list(enumerate(ids)))})
-        self._tables[model] = table
+        self._tables[key] = table
         return table
 
     async def _score(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> Scored:

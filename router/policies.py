@@ -26,6 +26,11 @@ class RouterOverrides:
     overlap_score_weight: float | None = None
     temperature: float | None = None
     worker_id: str | None = None
+    #: Disaggregated prefill: "auto" (the thresholds decide), "on" (remote whenever a prefill worker
+    #: is live), "off" (always local); and the thresholds of "auto" (router.disagg).
+    disagg: str | None = None
+    disagg_min_tokens: float | None = None
+    disagg_min_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

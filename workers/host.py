@@ -12,6 +12,15 @@ the host only purges those guesses (on ``clear_kv`` and at shutdown).
 
 Invariant: every request handed to :meth:`serve` ends with exactly one last delta on its reply
 channel (``finish_reason`` or ``error``), whatever happens to the engine.
+
+Disaggregation (docs/disaggregation.md): a request with ``decode`` set is a prefill for that
+decode worker. The engine computes the prompt and one token and holds the prompt's blocks; the
+host publishes that token (``seq`` 0) and, in the same pipelined call, pushes the ``generate``
+task onto the decode worker's queue with the engine's transfer handle, the prompt plus that token
+(``carried_tokens`` 1) and the original sampling. The decode worker's deltas start at ``seq`` 1;
+once its engine has read the KV (its first output) or the request has ended, it tells the prefill
+worker (``kv_release``), which frees the held blocks. A prefill that ends the request (a stop token,
+``max_tokens`` 1, an abort, an error) publishes the last delta itself and frees its blocks.
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
+import msgspec
 import redis.asyncio as aioredis
 
 from core.errors import SluiceError
@@ -37,10 +48,13 @@ from core.messages import (
     KvEvent,
     TokenDelta,
     decode_control,
+    encode_control,
     encode_delta,
     request_from_builtins,
+    request_to_builtins,
 )
 from core.settings import Settings
+from core.wire import GENERATE_TASK, task_message
 from router.registry import Registry, WorkerIdentity, WorkerLoad, WorkerRecord
 from workers.engines.base import Engine, EngineRequest
 from workers.kv_relay import KvRelay
@@ -66,6 +80,7 @@ class EngineHost:
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-loop", daemon=True)
         self._running: dict[str, asyncio.Task[None]] = {}
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
+        self._released: OrderedDict[str, None] = OrderedDict()  # decode requests whose prefill blocks were released
         self._background: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -181,6 +196,8 @@ class EngineHost:
                 self._early_cancels[cmd.request_id] = None
                 while len(self._early_cancels) > _EARLY_CANCELS_MAX:
                     self._early_cancels.popitem(last=False)
+        elif cmd.op == "kv_release" and cmd.request_id:
+            await self.engine.release_transfer(cmd.request_id)
         elif cmd.op == "clear_kv":
             try:
                 await self.engine.clear_kv_cache()  # reports AllBlocksCleared: the relay clears the index
@@ -191,42 +208,86 @@ class EngineHost:
 
     async def _serve(self, req: GenerateRequest) -> None:
         started_at = time.time()
+        seq = req.carried_tokens  # a decode after a remote prefill continues the prefill's seq 0
+        wid = self.identity.worker_id
         if req.request_id in self._early_cancels:
             self._early_cancels.pop(req.request_id, None)
-            self._send(req, TokenDelta(req.request_id, 0, finish_reason="abort", worker_id=self.identity.worker_id))
+            self._release_remote(req)
+            self._send(req, TokenDelta(req.request_id, seq, finish_reason="abort", worker_id=wid))
             return
         if started_at > req.deadline:
-            self._send(req, TokenDelta(req.request_id, 0, worker_id=self.identity.worker_id,
+            self._release_remote(req)
+            self._send(req, TokenDelta(req.request_id, seq, worker_id=wid,
                                        error=ErrorInfo("timeout", "request deadline passed before a worker took it")))
             return
         self._running[req.request_id] = asyncio.current_task()  # type: ignore[assignment]
         deadline_timer = asyncio.get_running_loop().call_later(
             max(0.0, req.deadline - started_at), lambda: asyncio.ensure_future(self.engine.abort(req.request_id)))
-        seq = 0
+        prefill = req.decode is not None
+        first = True
         try:
-            stream = self.engine.generate(EngineRequest(req.request_id, req.token_ids, req.sampling, req.lora))
+            stream = self.engine.generate(self._engine_request(req))
             async for out in stream:
                 if not out.token_ids and out.finish_reason is None:
                     continue
-                first = seq == 0
+                if first and req.kv_handle is not None:
+                    self._release_remote(req)  # the engine has read the KV: the prefill worker may free it
+                if prefill and out.finish_reason == "length" and req.sampling.max_tokens > 1:
+                    self._hand_off(req, out.token_ids, out.kv_handle, started_at)
+                    return
+                if prefill and out.kv_handle is not None:  # the request ends here: nothing will read the KV
+                    await self.engine.release_transfer(req.request_id)
                 self._send(req, TokenDelta(
                     req.request_id, seq, out.token_ids, finish_reason=out.finish_reason, usage=out.usage,
-                    worker_id=self.identity.worker_id if first else None, started_at=started_at if first else None))
+                    worker_id=wid if first else None, started_at=started_at if first else None))
+                first = False
                 seq += 1
                 if out.finish_reason is not None:
                     return
             raise RuntimeError("engine ended the stream without a finish reason")
         except SluiceError as exc:  # the engine refused the request or failed cleanly: pass its verdict on
             log.info("request %s failed: %s", req.request_id, exc.message)
-            self._send(req, TokenDelta(req.request_id, seq, worker_id=self.identity.worker_id,
+            self._send(req, TokenDelta(req.request_id, seq, worker_id=wid,
                                        error=ErrorInfo(exc.type, exc.message, exc.code)))
         except Exception as exc:  # noqa: BLE001 - the client gets the error instead of silence
             log.exception("request %s failed", req.request_id)
-            self._send(req, TokenDelta(req.request_id, seq, worker_id=self.identity.worker_id,
+            self._send(req, TokenDelta(req.request_id, seq, worker_id=wid,
                                        error=ErrorInfo("engine_error", f"{type(exc).__name__}: {exc}")))
         finally:
             deadline_timer.cancel()
             self._running.pop(req.request_id, None)
+            if first:
+                self._release_remote(req)
+
+    def _engine_request(self, req: GenerateRequest) -> EngineRequest:
+        if req.decode is not None:  # the prompt and one token, the blocks held for the decode worker
+            one = msgspec.structs.replace(req.sampling, max_tokens=1, min_tokens=min(req.sampling.min_tokens, 1))
+            return EngineRequest(req.request_id, req.token_ids, one, req.lora, kv_export=True)
+        return EngineRequest(req.request_id, req.token_ids, req.sampling, req.lora, kv_handle=req.kv_handle,
+                             carried_tokens=req.carried_tokens)
+
+    def _hand_off(self, req: GenerateRequest, first: list[int], handle: dict[str, Any] | None,
+                  started_at: float) -> None:
+        """Publish the first token and push the decode task, in one pipelined call."""
+        assert req.decode is not None
+        decode = GenerateRequest(
+            request_id=req.request_id, model=req.model, token_ids=[*req.token_ids, *first], sampling=req.sampling,
+            reply_channel=req.reply_channel, deadline=req.deadline, lora=req.lora, kv_handle=handle or {},
+            prefill_worker_id=self.identity.worker_id, carried_tokens=len(first))
+        self._send(req, TokenDelta(req.request_id, 0, first, worker_id=self.identity.worker_id, started_at=started_at))
+        self.publisher.push(req.decode.queue, task_message(
+            GENERATE_TASK, [request_to_builtins(decode)], req.decode.queue, task_id=req.request_id,
+            argsrepr=f"request {req.request_id}: decode after prefill on {self.identity.worker_id}"))
+
+    def _release_remote(self, req: GenerateRequest) -> None:
+        """Tell the prefill worker its held blocks for ``req`` may go (once; a no-op without one)."""
+        if req.prefill_worker_id is None or req.kv_handle is None or req.request_id in self._released:
+            return
+        self._released[req.request_id] = None
+        while len(self._released) > _EARLY_CANCELS_MAX:
+            self._released.popitem(last=False)
+        self.publisher.publish(self.keys.control_channel(req.prefill_worker_id),
+                               encode_control(ControlCommand("kv_release", req.request_id)))
 
     def _send(self, req: GenerateRequest, delta: TokenDelta) -> None:
         self.publisher.publish(req.reply_channel, encode_delta(delta))

@@ -1,7 +1,8 @@
-"""Coalescing publisher for token deltas.
+"""Coalescing publisher for token deltas (and the task messages a prefill worker hands on).
 
-Everything published during one turn of the engine loop goes out in ONE pipelined round trip,
-from ONE flusher task, so deltas of a request keep their order (seq) on the wire. A batch that
+Everything published or pushed during one turn of the engine loop goes out in ONE pipelined round
+trip, from ONE flusher task, in the order it was given, so deltas of a request keep their order
+(seq) on the wire and a prefill worker's first token and its decode task leave together. A batch that
 Redis refuses is dropped (the frontends see a stalled or gapped stream and end it) and the flusher
 pauses before the next one, longer while Redis stays away.
 """
@@ -23,7 +24,7 @@ RETRY_DELAY_S = 0.1
 class DeltaPublisher:
     def __init__(self, client: aioredis.Redis) -> None:
         self._client = client
-        self._pending: list[tuple[str, bytes]] = []
+        self._pending: list[tuple[bool, str, bytes]] = []  # (is a push, channel or queue, data)
         # A batch being sent when the publisher closes is let finish: cutting it could lose the last
         # deltas of a request, or send them twice after close() sends what is left.
         self._flusher = BackgroundLoop("delta-publisher", self._flush, backoff=Backoff(first_s=RETRY_DELAY_S),
@@ -33,7 +34,12 @@ class DeltaPublisher:
         self._flusher.start()
 
     def publish(self, channel: str, data: bytes) -> None:
-        self._pending.append((channel, data))
+        self._pending.append((False, channel, data))
+        self._flusher.wake()
+
+    def push(self, queue: str, message: bytes) -> None:
+        """``LPUSH`` a task message onto ``queue`` (core.wire), in order with the deltas."""
+        self._pending.append((True, queue, message))
         self._flusher.wake()
 
     async def _flush(self) -> None:
@@ -41,8 +47,11 @@ class DeltaPublisher:
         if not batch:
             return
         async with self._client.pipeline(transaction=False) as pipe:
-            for channel, data in batch:
-                pipe.publish(channel, data)
+            for is_push, key, data in batch:
+                if is_push:
+                    pipe.lpush(key, data)
+                else:
+                    pipe.publish(key, data)
             await pipe.execute()
 
     async def close(self) -> None:

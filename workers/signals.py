@@ -50,7 +50,11 @@ def _start_engine(sender: str, instance, **_: object) -> None:  # type: ignore[n
     if not (model_path / "tokenizer.json").is_file():
         _die(f"model {settings.model!r}: no tokenizer at {model_path} (run `sluice models prepare {settings.model}` "
              "or set SLUICE_MODEL_PATH)")
-    host = EngineHost(settings, create_engine(settings), identity)
+    engine = create_engine(settings)
+    if settings.worker.pool in ("prefill", "decode") and not engine.supports_disaggregation:
+        _die(f"engine {settings.worker.engine!r} cannot serve the {settings.worker.pool} pool "
+             "(it does not support disaggregated prefill)")
+    host = EngineHost(settings, engine, identity)
     try:
         host.start()
     except EngineStartError as exc:

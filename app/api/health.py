@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
@@ -19,9 +21,12 @@ async def health() -> Response:
 @router.get("/ready")
 async def ready(rt: RuntimeDep) -> Response:
     served = rt.directory.served_models()
-    models = {m: len(served.get(m, [])) for m in sorted(rt.directory.known_models())}
-    is_ready = bool(models) and all(n > 0 for n in models.values())
-    return JSONResponse({"ready": is_ready, "models": models}, status_code=200 if is_ready else 503)
+    known = sorted(rt.directory.known_models())
+    models = {m: len(served.get(m, [])) for m in known}
+    pools = {m: dict(Counter(w.record.pool for w in served.get(m, []))) for m in known}
+    # A model is served once a worker can generate for it: prefill workers alone cannot.
+    is_ready = bool(models) and all(sum(n for p, n in pools[m].items() if p != "prefill") > 0 for m in known)
+    return JSONResponse({"ready": is_ready, "models": models, "pools": pools}, status_code=200 if is_ready else 503)
 
 
 @router.get("/metrics")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from fastapi import APIRouter
 from starlette.responses import Response
 
@@ -18,5 +20,6 @@ async def list_models(rt: RuntimeDep) -> Response:
     for name, workers in sorted(rt.directory.served_models().items()):
         first = workers[0].record
         cards.append(ModelCardOut(id=name, created=int(min(w.record.started_at for w in workers)),
-                                  max_model_len=first.context_length, root=first.model_path))
+                                  max_model_len=first.context_length, root=first.model_path,
+                                  pools=dict(Counter(w.record.pool for w in workers))))
     return Response(encode(ModelList(cards)), media_type="application/json")

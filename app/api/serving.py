@@ -30,6 +30,8 @@ from core.errors import InvalidRequest, SluiceError
 from core.http_errors import error_payload
 
 WORKER_HEADER = "x-sluice-worker"
+#: Disaggregated requests: the prefill worker that computed the prompt (absent: prefilled locally).
+PREFILL_WORKER_HEADER = "x-sluice-prefill-worker"
 
 Body = TypeVar("Body", bound=SamplingFields)
 
@@ -142,7 +144,10 @@ async def start_generation(rt: FrontendRuntime, request: Request, body: Sampling
 def worker_header(gen: Generation) -> dict[str, str]:
     """``x-sluice-worker: <worker id>`` once the worker is known (pool mode learns it from the first delta)."""
     worker = gen.served_by
-    return {WORKER_HEADER: worker} if worker else {}
+    headers = {WORKER_HEADER: worker} if worker else {}
+    if gen.prefill_worker_id:
+        headers[PREFILL_WORKER_HEADER] = gen.prefill_worker_id
+    return headers
 
 
 class GenerationEvents(StreamingEvents):

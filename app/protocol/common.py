@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -23,6 +23,9 @@ class RouterExtension(BaseModel):
     overlap_score_weight: Annotated[float, Field(ge=0)] | None = None
     temperature: Annotated[float, Field(ge=0)] | None = None
     worker_id: str | None = None
+    disagg: Literal["auto", "on", "off"] | None = None
+    disagg_min_tokens: Annotated[int, Field(ge=0)] | None = None
+    disagg_min_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
 class SluiceExtension(BaseModel):

@@ -12,6 +12,8 @@ class ModelCardOut(msgspec.Struct):
     object: str = "model"
     max_model_len: int | None = None
     root: str | None = None
+    #: Live workers per pool (``agg``, ``prefill``, ``decode``): Sluice's extension.
+    pools: dict[str, int] | None = None
 
 
 class ModelList(msgspec.Struct):

@@ -34,6 +34,7 @@ class ScriptedGeneration:
         self.finish_reason: str | None = None
         self.prompt_tokens, self.completion_tokens, self.cached_tokens = 5, 3, 1
         self.served_by = "w7"
+        self.prefill_worker_id: str | None = None
         self.closed = False
 
     async def __aenter__(self) -> ScriptedGeneration:

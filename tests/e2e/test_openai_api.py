@@ -174,6 +174,6 @@ def test_bad_completion_prompt_ids(stack: Stack) -> None:
 def test_health_ready_and_metrics(stack: Stack) -> None:
     assert httpx.get(f"{stack.base_url}/health").json() == {"status": "ok"}
     ready = httpx.get(f"{stack.base_url}/ready").json()
-    assert ready == {"ready": True, "models": {MODEL: 2}}
+    assert ready == {"ready": True, "models": {MODEL: 2}, "pools": {MODEL: {"agg": 2}}}
     metrics = httpx.get(f"{stack.base_url}/metrics").text
     assert "sluice_requests_total" in metrics

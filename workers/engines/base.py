@@ -42,6 +42,11 @@ Contract (checked by tests/engines/test_conformance.py, which every engine must 
   engine fails.
 * ``load()`` is cheap and thread-safe enough to call from the heartbeat; it leaves ``updated_at`` 0
   (the heartbeat stamps it).
+* Disaggregation (engines with ``supports_disaggregation``): a ``kv_export`` request holds its
+  prompt's blocks after it ends, until ``release_transfer`` or the hold's lease, and its last
+  output carries ``kv_handle``; a request with ``kv_handle`` reads the prompt's KV it does not
+  hold from the prefill worker (blocks it holds are not moved), computes only the rest, and counts
+  the tokens read in ``usage.transferred_tokens``. A read that fails falls back to computing.
 * ``shutdown()`` ends every live request (each iterator ends with ``finish_reason="abort"`` or
   raises a ``SluiceError``; none is left waiting), refuses new ones, and releases the engine's
   resources.
@@ -53,7 +58,7 @@ import abc
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from core.messages import FinishReason, KvEvent, SamplingParams, Usage
 from router.registry import WorkerLoad
@@ -78,10 +83,20 @@ class EngineInfo:
 
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
+    """``kv_export``: a prefill for a decode worker (the host sends ``max_tokens`` 1): the engine
+    keeps the prompt's blocks after the request ends, for the decode worker to read, and its last
+    output carries the transfer handle. ``kv_handle``: a decode whose prompt's KV is read from the
+    prefill worker the handle names. ``carried_tokens``: ``token_ids`` ends with that many tokens
+    generated elsewhere (the prefill worker's first token): they count as output, not prompt, in
+    ``usage`` and ``sampling`` (``max_tokens`` includes them)."""
+
     request_id: str
     token_ids: list[int]
     sampling: SamplingParams
     lora: str | None = None
+    kv_export: bool = False
+    kv_handle: dict[str, Any] | None = None
+    carried_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +104,8 @@ class EngineOutput:
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    #: On the last output of a ``kv_export`` request: what a decode worker needs to read the KV.
+    kv_handle: dict[str, Any] | None = None
 
 
 class KvEventSink(Protocol):
@@ -117,6 +134,10 @@ class Engine(abc.ABC):
     #: Whether the engine reports its cache through the ``kv_sink`` (see the contract). The host
     #: registers the worker with it, and relays events and ``cached_block_hashes()`` only if True.
     publishes_kv_events: bool = True
+    #: Whether the engine can prefill for another worker and decode from another's prefill
+    #: (``EngineRequest.kv_export`` / ``kv_handle``); only such engines serve the prefill and
+    #: decode pools.
+    supports_disaggregation: bool = False
 
     @abc.abstractmethod
     async def start(self, kv_sink: KvEventSink = discard_kv_events) -> None: ...
@@ -138,3 +159,7 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
+
+    async def release_transfer(self, request_id: str) -> None:  # noqa: B027 - optional, no-op by default
+        """The decode worker read (or gave up on) the blocks held for ``request_id``'s handle: free
+        them now instead of at the hold's end. Unknown ids are a no-op."""

@@ -39,7 +39,8 @@ def create_engine(settings: Settings) -> Engine:
     if settings.worker.engine == "mocker":
         from workers.engines.mocker import MockerEngine
 
-        return MockerEngine(settings.model, settings.worker.mocker, context_length=_context_length(model_path))
+        return MockerEngine(settings.model, settings.worker.mocker, context_length=_context_length(model_path),
+                            kv_hold_s=settings.disagg.kv_hold_s)
     if settings.worker.engine == "vllm":
         from workers.engines.vllm_engine import VllmEngine
 

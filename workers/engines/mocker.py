@@ -103,6 +103,12 @@ class _Request:
     finish: FinishReason | None = None
     error: Exception | None = None
     waiter: asyncio.Future[None] | None = None
+    # disaggregation
+    carried: int = 0  # generated tokens at the end of ``tokens`` from the start (the prefill worker's)
+    export: bool = False  # a prefill for a decode worker: hold the blocks at the end
+    remote_tokens: int = 0  # prompt tokens whose KV is read from the prefill worker
+    pulled: bool = False  # the read is done (the simulated transfer time has passed)
+    transferred_tokens: int = 0
 
     @property
     def closed(self) -> bool:
@@ -118,8 +124,10 @@ _Delivery = tuple[_Request, int, FinishReason | None]
 
 
 class MockerEngine(Engine):
+    supports_disaggregation = True
+
     def __init__(self, model: str, settings: MockerSettings, context_length: int = 8192,
-                 *, kv_events: bool = True) -> None:
+                 *, kv_events: bool = True, kv_hold_s: float = 30.0) -> None:
         #: False simulates an engine that reports nothing about its cache (the routers' approximate mode).
         self.publishes_kv_events = kv_events
         self.model = model
@@ -137,6 +145,11 @@ class MockerEngine(Engine):
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
         self._stopped = False
+        #: Finished ``kv_export`` requests whose blocks wait for the decode worker's read, and the
+        #: timers that end their hold.
+        self.kv_hold_s = kv_hold_s
+        self._held: dict[str, tuple[_Request, asyncio.TimerHandle]] = {}
+        self._pulls: dict[str, asyncio.TimerHandle] = {}
 
     # ---- Engine interface ---------------------------------------------------------------------
     async def start(self, kv_sink: KvEventSink = discard_kv_events) -> None:
@@ -167,7 +180,8 @@ class MockerEngine(Engine):
                     raise req.error
                 tokens, req.pending = req.pending, []
                 if req.finish is not None:
-                    yield EngineOutput(tokens, req.finish, self._usage(req))
+                    handle = self._handle(req) if req.request_id in self._held else None
+                    yield EngineOutput(tokens, req.finish, self._usage(req), kv_handle=handle)
                     return
                 yield EngineOutput(tokens)
         finally:
@@ -208,11 +222,20 @@ class MockerEngine(Engine):
         running = sum(r.prompt_len - r.num_computed for r in self._running.values() if r.num_computed < r.prompt_len)
         return running + sum(len(r.tokens) - r.num_computed for r in self._waiting)
 
+    async def release_transfer(self, request_id: str) -> None:
+        held = self._held.pop(request_id, None)
+        if held is not None:
+            req, timer = held
+            timer.cancel()
+            self._release(req)
+
     async def shutdown(self) -> None:
         self._stopped = True
         for req in list(self._live.values()):
             self._drop(req)
             self._close(req, finish="abort")
+        for request_id in list(self._held):
+            await self.release_transfer(request_id)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -237,17 +260,54 @@ class MockerEngine(Engine):
                 f"of {self.settings.block_size} tokens)",
                 param="messages",
             )
+        if not 0 <= request.carried_tokens < len(prompt) or request.carried_tokens >= sampling.max_tokens:
+            raise InvalidRequest(f"carried_tokens {request.carried_tokens} does not fit the request")
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(64)
         root = self._root(request.lora)
+        prompt_len = len(prompt) - request.carried_tokens
         req = _Request(
-            request_id=request.request_id, sampling=sampling, tokens=list(prompt), prompt_len=len(prompt),
-            key=stream_key(prompt, sampling.temperature, seed), root=root,
-            chain=block_hashes(prompt, self.settings.block_size, root),
+            request_id=request.request_id, sampling=sampling, tokens=list(prompt), prompt_len=prompt_len,
+            key=stream_key(prompt[:prompt_len], sampling.temperature, seed), root=root,
+            chain=block_hashes(prompt, self.settings.block_size, root), carried=request.carried_tokens,
+            export=request.kv_export,
         )
         self._live[req.request_id] = req
+        handle = request.kv_handle
+        if handle and handle.get("engine") == "mocker" and handle.get("block_size") == self.settings.block_size:
+            self._start_pull(req, min(int(handle.get("num_tokens", 0)), prompt_len))
+        else:
+            self._waiting.append(req)
+            self._wakeup.set()
+        return req
+
+    # ---- disaggregation -----------------------------------------------------------------------
+    def _handle(self, req: _Request) -> dict[str, object]:
+        return {"engine": "mocker", "num_tokens": req.prompt_len, "block_size": self.settings.block_size}
+
+    def _start_pull(self, req: _Request, remote_tokens: int) -> None:
+        """Read the prompt's KV from the prefill worker: the blocks not cached here move, taking
+        ``blocks x kv_bytes_per_block / transfer_gb_per_s``; the request waits meanwhile (as vLLM's
+        do in WAITING_FOR_REMOTE_KVS) and then runs with only the rest of its prompt to compute."""
+        s = self.settings
+        bs = s.block_size
+        req.remote_tokens = remote_tokens
+        moved = max(0, -(-remote_tokens // bs) - self._kv.cached_prefix(req.chain))
+        delay = 0.0 if s.no_sleep else moved * s.kv_bytes_per_block / (s.transfer_gb_per_s * 1e9) / s.speedup
+        self._pulls[req.request_id] = asyncio.get_running_loop().call_later(delay, self._pulled, req)
+
+    def _pulled(self, req: _Request) -> None:
+        self._pulls.pop(req.request_id, None)
+        if req.closed or req.state is not _State.WAITING or self._wakeup is None:
+            return
+        req.pulled = True
         self._waiting.append(req)
         self._wakeup.set()
-        return req
+
+    def _hold(self, req: _Request) -> None:
+        """A finished export keeps its blocks for the decode worker's read, at most ``kv_hold_s``."""
+        timer = asyncio.get_running_loop().call_later(
+            self.kv_hold_s, lambda: asyncio.ensure_future(self.release_transfer(req.request_id)))
+        self._held[req.request_id] = (req, timer)
 
     def _root(self, lora: str | None) -> int:
         """The block-hash chain's seed for an adapter (router.hashing.root_hash), computed once."""
@@ -257,7 +317,8 @@ class MockerEngine(Engine):
         return root
 
     def _usage(self, req: _Request) -> Usage:
-        return Usage(prompt_tokens=req.prompt_len, completion_tokens=req.emitted, cached_tokens=req.cached_tokens or 0)
+        return Usage(prompt_tokens=req.prompt_len, completion_tokens=req.emitted + req.carried,
+                     cached_tokens=req.cached_tokens or 0, transferred_tokens=req.transferred_tokens)
 
     def _close(self, req: _Request, *, finish: FinishReason | None = None, error: Exception | None = None) -> None:
         """End the request's stream (it still hands out its pending tokens)."""
@@ -283,7 +344,11 @@ class MockerEngine(Engine):
             del self._running[req.request_id]
             self._release(req)
         elif req.state is _State.WAITING:
-            self._waiting.remove(req)
+            pull = self._pulls.pop(req.request_id, None)
+            if pull is not None:
+                pull.cancel()
+            else:
+                self._waiting.remove(req)
         req.state = _State.DONE
 
     def _release(self, req: _Request) -> None:
@@ -295,6 +360,7 @@ class MockerEngine(Engine):
         del self._running[req.request_id]
         self._release(req)
         req.num_computed = 0
+        req.pulled = False  # the read KV went with the blocks (what stays cached is a hit next time)
         req.state = _State.WAITING
         self._waiting.appendleft(req)
 
@@ -392,7 +458,8 @@ class MockerEngine(Engine):
         while self._waiting and budget > 0 and len(self._running) < s.max_num_seqs:
             req = self._waiting[0]
             hit = min(self._kv.cached_prefix(req.chain), (len(req.tokens) - 1) // bs)
-            computed = hit * bs
+            # A pulled request holds the prefill worker's KV for its first ``remote_tokens`` tokens.
+            computed = max(hit * bs, min(req.remote_tokens, len(req.tokens) - 1) if req.pulled else 0)
             chunk = min(len(req.tokens) - computed, budget)
             need = -(-(computed + chunk) // bs) - hit
             reused = req.chain[:hit]
@@ -401,9 +468,14 @@ class MockerEngine(Engine):
             self._waiting.popleft()
             self._kv.acquire(reused)
             self._kv.allocate(need)
-            req.num_computed, req.uncached, req.state = computed, need, _State.RUNNING
+            req.num_computed, req.uncached, req.state = hit * bs, need, _State.RUNNING
+            if computed > hit * bs:  # the blocks read from the prefill worker enter the cache here
+                self._register_full_blocks(req, hit, computed // bs)
+                req.num_computed = computed
+                if req.cached_tokens is None:
+                    req.transferred_tokens = computed - hit * bs
             if req.cached_tokens is None:
-                req.cached_tokens = computed
+                req.cached_tokens = hit * bs
             self._running[req.request_id] = req
             budget -= chunk
             batch.append((req, chunk))
@@ -424,7 +496,10 @@ class MockerEngine(Engine):
                                self.max_model_len)
         if reason is not None:
             del self._running[req.request_id]
-            self._release(req)
+            if req.export:
+                self._hold(req)
+            else:
+                self._release(req)
             req.state = _State.DONE
         return req, token, reason
 

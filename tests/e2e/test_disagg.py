@@ -1,0 +1,167 @@
+"""Disaggregated serving on the mocker, as a user runs it: ``sluice serve`` with a prefill worker
+(``SLUICE_POOL=prefill``), a decode worker (``SLUICE_POOL=decode``) and an aggregated worker for
+comparison, real ``celery worker`` processes on a private Redis.
+
+What a prefill moved and what the decode worker computed come from the engines' own counters, read
+off the token channel (the final delta's usage): ``transferred_tokens`` is what the decode worker
+read from the prefill worker instead of computing it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from sluice.devstack import Stack, final_delta, wait_until
+from tests.e2e.conftest import MODEL
+
+# A long prompt (about 1,700 tokens with the default model's tokenizer) and a short one.
+LONG = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(130))
+SHORT = "Say hello."
+MIN_TOKENS = "512"  # the remote-prefill threshold for these stacks (the default is 2,048)
+
+
+def _stack(redis_server, tokenizer_dir, prefill_env: dict[str, str]) -> Stack:  # noqa: ANN001
+    s = Stack(redis_url=redis_server.url, namespace=f"dis{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
+              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_DISAGG__MIN_TOKENS": MIN_TOKENS})
+    s.start_worker("p1", SLUICE_POOL="prefill", **prefill_env)
+    s.start_worker("d1", SLUICE_POOL="decode")
+    s.start_worker("a1", SLUICE_POOL="agg")
+    s.start_frontend()
+    s.wait_ready(MODEL, workers=3)
+    return s
+
+
+@pytest.fixture(scope="module")
+def disagg(redis_server, tokenizer_dir) -> Iterator[Stack]:  # noqa: ANN001
+    s = _stack(redis_server, tokenizer_dir, {})
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def watcher(redis_server, disagg: Stack) -> Iterator[redis.client.PubSub]:  # noqa: ANN001
+    r = redis.Redis.from_url(redis_server.url)
+    w = r.pubsub()
+    w.psubscribe(f"sluice:{disagg.namespace}:tok:*")
+    yield w
+    w.close()
+    r.close()
+
+
+def _complete(stack: Stack, prompt: str, router: str) -> httpx.Response:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0, "seed": 7, "ignore_eos": True}
+    r = httpx.post(f"{stack.base_url}/v1/completions", json=body, headers={"x-sluice-router": router}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _idle(r: redis.Redis, stack: Stack, *workers: str) -> None:
+    def check() -> bool:
+        loads = [r.hgetall(f"sluice:{stack.namespace}:load:{w}") for w in workers]
+        return all(load.get(b"active_blocks") == b"0" and load.get(b"running") == b"0" for load in loads)
+    wait_until(check, 10, f"{', '.join(workers)} back to no active KV blocks")
+
+
+def test_a_long_prompt_is_prefilled_remotely_and_decodes_the_same_tokens(
+        disagg: Stack, watcher: redis.client.PubSub, redis_server) -> None:  # noqa: ANN001
+    aggregated = _complete(disagg, LONG, "worker_id=a1")
+    assert "x-sluice-prefill-worker" not in aggregated.headers
+    remote = _complete(disagg, LONG, "worker_id=d1")
+    assert remote.headers["x-sluice-prefill-worker"] == "p1" and remote.headers["x-sluice-worker"] == "d1"
+    assert remote.json()["choices"][0]["text"] == aggregated.json()["choices"][0]["text"]
+    usage = remote.json()["usage"]
+    assert usage == {**aggregated.json()["usage"], "prompt_tokens_details": usage.get("prompt_tokens_details")}
+    assert usage["completion_tokens"] == 24 and usage["prompt_tokens"] > 1500
+    final = final_delta(watcher, remote.json()["id"].removeprefix("cmpl-"))
+    assert final is not None and final.worker_id is None  # the decode worker's last delta (seq > 0)
+    assert final.usage.transferred_tokens == usage["prompt_tokens"], "the decode worker recomputed the prompt"
+    r = redis.Redis.from_url(redis_server.url)
+    try:
+        _idle(r, disagg, "p1", "d1")
+    finally:
+        r.close()
+
+
+def test_a_short_prompt_stays_on_the_decode_worker(disagg: Stack) -> None:
+    r = _complete(disagg, SHORT, "worker_id=d1")
+    assert "x-sluice-prefill-worker" not in r.headers and r.headers["x-sluice-worker"] == "d1"
+
+
+def test_a_prompt_the_decode_worker_holds_stays_local(disagg: Stack) -> None:
+    prompt = LONG.replace("fox", "cat")
+    first = _complete(disagg, prompt, "worker_id=d1")
+    assert first.headers.get("x-sluice-prefill-worker") == "p1"
+    # The decode worker now caches the prompt (the blocks it read entered its cache and the index).
+    def local_now() -> bool:
+        again = _complete(disagg, prompt, "worker_id=d1")
+        return "x-sluice-prefill-worker" not in again.headers and \
+            again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 1000
+    wait_until(local_now, 10, "the decode worker's cached prompt to keep the prefill local")
+
+
+def test_disagg_can_be_turned_off_or_forced_per_request(disagg: Stack) -> None:
+    assert "x-sluice-prefill-worker" not in _complete(disagg, LONG + " off", "worker_id=d1, disagg=off").headers
+    forced = _complete(disagg, SHORT + " on", "worker_id=d1, disagg=on")
+    assert forced.headers["x-sluice-prefill-worker"] == "p1"
+    bad = httpx.post(f"{disagg.base_url}/v1/completions", json={"model": MODEL, "prompt": "x"},
+                     headers={"x-sluice-router": "disagg=maybe"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-sluice-router"
+
+
+@pytest.fixture(scope="module")
+def slow(redis_server, tokenizer_dir) -> Iterator[Stack]:  # noqa: ANN001
+    """A prefill worker 50x slower than the timing model: prompts take seconds to compute."""
+    s = _stack(redis_server, tokenizer_dir, {"SLUICE_WORKER__MOCKER__SPEEDUP": "0.02"})
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_a_client_that_leaves_during_the_prefill_cancels_it_on_the_prefill_worker(
+        slow: Stack, redis_server) -> None:  # noqa: ANN001
+    """The client hangs up while the prompt is being computed. The prefill worker aborts it (its
+    last delta says so), no decode task is pushed, and both workers' KV blocks go back to idle."""
+    s = slow
+    r = redis.Redis.from_url(redis_server.url)
+    w = r.pubsub()
+    w.psubscribe(f"sluice:{s.namespace}:tok:*")
+    try:
+        body = {"model": MODEL, "prompt": LONG * 3, "max_tokens": 64, "stream": True}
+        with httpx.stream("POST", f"{s.base_url}/v1/completions", json=body, timeout=30,
+                          headers={"x-sluice-router": "worker_id=d1"}) as resp:
+            assert resp.status_code == 200 and resp.headers["x-sluice-prefill-worker"] == "p1"
+            # Hang up before any token: the prefill is still running on p1.
+        def p1_busy_then_idle() -> bool:
+            load = r.hgetall(f"sluice:{s.namespace}:load:p1")
+            return load.get(b"running") == b"0" and load.get(b"waiting") == b"0"
+        wait_until(p1_busy_then_idle, 10, "p1 to drop the cancelled prefill")
+        final = None
+        while True:  # the prefill worker's last delta for the request
+            msg = w.get_message(timeout=1.0)
+            if msg is None:
+                break
+            if msg["type"] == "pmessage":
+                from core.messages import decode_delta
+                delta = decode_delta(msg["data"])
+                if delta.is_last:
+                    final = delta
+        assert final is not None and final.finish_reason == "abort" and final.worker_id == "p1"
+        assert r.llen(f"sluice.{s.namespace}.worker.d1") == 0, "a decode task was pushed for a cancelled request"
+        _idle(r, s, "p1", "d1")
+    finally:
+        w.close()
+        r.close()
+
+
+def test_pools_show_in_ready_and_models(disagg: Stack) -> None:
+    ready = httpx.get(f"{disagg.base_url}/ready", timeout=10).json()
+    assert ready["pools"] == {MODEL: {"prefill": 1, "decode": 1, "agg": 1}}
+    models = httpx.get(f"{disagg.base_url}/v1/models", timeout=10).json()["data"]
+    assert [(m["id"], m["pools"]) for m in models] == [(MODEL, {"prefill": 1, "decode": 1, "agg": 1})]
