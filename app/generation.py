@@ -309,7 +309,7 @@ class Generation:
             return
         self._done = True
         cancel = encode_control(ControlCommand("cancel", self.request_id))
-        workers = {w for w in (self.served_by, self.worker_id, self.prefill_worker_id) if w}
+        workers = {w for w in (self.served_by, self.prefill_worker_id) if w}
         if not workers:
             self.rt.spawn(self.rt.redis.publish(self.rt.keys.control_broadcast, cancel))
         for worker in workers:  # disaggregated: the prefill worker and the decode worker

@@ -80,7 +80,6 @@ class EngineHost:
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-loop", daemon=True)
         self._running: dict[str, asyncio.Task[None]] = {}
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
-        self._released: OrderedDict[str, None] = OrderedDict()  # decode requests whose prefill blocks were released
         self._background: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -280,12 +279,10 @@ class EngineHost:
             argsrepr=f"request {req.request_id}: decode after prefill on {self.identity.worker_id}"))
 
     def _release_remote(self, req: GenerateRequest) -> None:
-        """Tell the prefill worker its held blocks for ``req`` may go (once; a no-op without one)."""
-        if req.prefill_worker_id is None or req.kv_handle is None or req.request_id in self._released:
+        """Tell the prefill worker its held blocks for ``req`` may go (a no-op without one). Each way
+        out of :meth:`_serve` calls it once: before any output, or at the first one."""
+        if req.prefill_worker_id is None or req.kv_handle is None:
             return
-        self._released[req.request_id] = None
-        while len(self._released) > _EARLY_CANCELS_MAX:
-            self._released.popitem(last=False)
         self.publisher.publish(self.keys.control_channel(req.prefill_worker_id),
                                encode_control(ControlCommand("kv_release", req.request_id)))
 
