@@ -33,7 +33,7 @@ VLLM_INSTALL = $(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK) && \
 	$(VLLM_BIN)/pip install -q --no-deps "nixl==$(NIXL_VERSION)" -e .
 endif
 
-.PHONY: run test test-fast test-vllm bench bench-vllm bench-router lint venv venv-vllm redis models clean
+.PHONY: run test test-fast test-vllm bench bench-vllm bench-disagg bench-router lint venv venv-vllm redis models clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	@echo "==> Installing $(VENV) from $(LOCK): the frontend, the mocker and the test tools (pip, quiet; a minute or two the first time)"
@@ -134,6 +134,12 @@ bench-vllm: venv-vllm
 	$(VLLM_BIN)/python -m bench.vllm_bench
 	@echo "==> Cancellation latency (a mocker worker): client disconnect -> abort on the worker"
 	$(BIN)/python -m bench.cancel_bench
+
+## Disaggregation: aggregated vs prefill/decode pools on the mocker (TTFT, ITL), then raw NIXL on loopback.
+bench-disagg: venv venv-vllm
+	./scripts/ensure_redis.sh
+	$(BIN)/python -m bench.disagg_bench
+	$(VLLM_BIN)/python -m bench.nixl_raw
 
 bench-router: venv
 	./scripts/ensure_redis.sh

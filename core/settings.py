@@ -66,6 +66,11 @@ class VllmSettings(BaseModel):
     #: thread per physical core minus one. scripts/worker.sh sets cores / workers.
     omp_threads: int | None = Field(None, ge=1)
     enforce_eager: bool = True
+    #: Prefill and decode pools (vLLM's NixlConnector): the address this worker's NIXL side channel
+    #: listens on, which decode workers connect to (reachable from them), and its port (unset: a
+    #: free one).
+    nixl_host: str = "127.0.0.1"
+    nixl_port: int | None = Field(None, ge=1, le=65535)
 
 
 class WorkerSettings(BaseModel):

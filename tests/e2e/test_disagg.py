@@ -17,10 +17,8 @@ import redis
 
 from sluice.devstack import Stack, final_delta, wait_until
 from tests.e2e.conftest import MODEL
+from tests.e2e.disagg_support import LONG, SHORT, wait_idle
 
-# A long prompt (about 1,700 tokens with the default model's tokenizer) and a short one.
-LONG = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(130))
-SHORT = "Say hello."
 MIN_TOKENS = "512"  # the remote-prefill threshold for these stacks (the default is 2,048)
 
 
@@ -61,13 +59,6 @@ def _complete(stack: Stack, prompt: str, router: str) -> httpx.Response:
     return r
 
 
-def _idle(r: redis.Redis, stack: Stack, *workers: str) -> None:
-    def check() -> bool:
-        loads = [r.hgetall(f"sluice:{stack.namespace}:load:{w}") for w in workers]
-        return all(load.get(b"active_blocks") == b"0" and load.get(b"running") == b"0" for load in loads)
-    wait_until(check, 10, f"{', '.join(workers)} back to no active KV blocks")
-
-
 def test_a_long_prompt_is_prefilled_remotely_and_decodes_the_same_tokens(
         disagg: Stack, watcher: redis.client.PubSub, redis_server) -> None:  # noqa: ANN001
     aggregated = _complete(disagg, LONG, "worker_id=a1")
@@ -83,7 +74,7 @@ def test_a_long_prompt_is_prefilled_remotely_and_decodes_the_same_tokens(
     assert final.usage.transferred_tokens == usage["prompt_tokens"], "the decode worker recomputed the prompt"
     r = redis.Redis.from_url(redis_server.url)
     try:
-        _idle(r, disagg, "p1", "d1")
+        wait_idle(r, disagg, "p1", "d1")
     finally:
         r.close()
 
@@ -154,7 +145,7 @@ def test_a_client_that_leaves_during_the_prefill_cancels_it_on_the_prefill_worke
                     final = delta
         assert final is not None and final.finish_reason == "abort" and final.worker_id == "p1"
         assert r.llen(f"sluice.{s.namespace}.worker.d1") == 0, "a decode task was pushed for a cancelled request"
-        _idle(r, s, "p1", "d1")
+        wait_idle(r, s, "p1", "d1")
     finally:
         w.close()
         r.close()
@@ -165,3 +156,4 @@ def test_pools_show_in_ready_and_models(disagg: Stack) -> None:
     assert ready["pools"] == {MODEL: {"prefill": 1, "decode": 1, "agg": 1}}
     models = httpx.get(f"{disagg.base_url}/v1/models", timeout=10).json()["data"]
     assert [(m["id"], m["pools"]) for m in models] == [(MODEL, {"prefill": 1, "decode": 1, "agg": 1})]
+

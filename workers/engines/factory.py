@@ -43,6 +43,12 @@ def create_engine(settings: Settings) -> Engine:
                             kv_hold_s=settings.disagg.kv_hold_s)
     if settings.worker.engine == "vllm":
         from workers.engines.vllm_engine import VllmEngine
+        from workers.engines.vllm_kv_transfer import KvTransferSetup, free_port
 
-        return VllmEngine(settings.model, model_path, settings.worker.vllm, on_dead=shut_worker_down)
+        vllm = settings.worker.vllm
+        transfer = None
+        if settings.worker.pool in ("prefill", "decode"):  # vLLM's NixlConnector moves the KV
+            transfer = KvTransferSetup(vllm.nixl_host, vllm.nixl_port or free_port(vllm.nixl_host),
+                                       settings.disagg.kv_hold_s)
+        return VllmEngine(settings.model, model_path, vllm, on_dead=shut_worker_down, transfer=transfer)
     raise ValueError(f"unknown engine {settings.worker.engine!r}")

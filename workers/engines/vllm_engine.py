@@ -54,6 +54,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.config import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -79,6 +80,14 @@ from workers.engines.base import (
 )
 from workers.engines.vllm_kv_events import KvEventTranslator, decode_batch
 from workers.engines.vllm_kv_subscriber import KvEventSubscriber
+from workers.engines.vllm_kv_transfer import (
+    KvTransferSetup,
+    configure_environment,
+    export_params,
+    import_params,
+    transfer_config,
+)
+from workers.engines.vllm_stats import EngineCounters, recorder_factory
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +161,8 @@ def _configure_cpu_threads(settings: VllmSettings) -> None:
         os.environ["OMP_NUM_THREADS"] = str(settings.omp_threads)
 
 
-def engine_args(model_path: Path, settings: VllmSettings, kv_endpoint: str) -> AsyncEngineArgs:
+def engine_args(model_path: Path, settings: VllmSettings, kv_endpoint: str,
+                transfer: KvTransferSetup | None = None) -> AsyncEngineArgs:
     on_cpu = current_platform.is_cpu()
     dtype = settings.dtype
     if dtype == "auto" and on_cpu:
@@ -168,7 +178,9 @@ def engine_args(model_path: Path, settings: VllmSettings, kv_endpoint: str) -> A
         gpu_memory_utilization=settings.gpu_memory_utilization,
         kv_cache_memory_bytes=int(settings.kv_cache_gib * _GIB) if on_cpu else None,
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic="kv"),
-        disable_log_stats=True,
+        kv_transfer_config=transfer_config(transfer, on_cpu) if transfer is not None else None,
+        # Scheduler statistics (workers.engines.vllm_stats) only where the KV moves between workers.
+        disable_log_stats=transfer is None,
         enable_log_requests=False,
     )
 
@@ -179,13 +191,25 @@ class _Live:
 
     prompt_tokens: int
     generated: int = 0
+    #: A decode's prompt tokens held in the prefix cache when it was submitted.
+    local_hit: int = 0
     started: bool = False
     aborted: bool = False
 
 
 class VllmEngine(Engine):
-    def __init__(self, model: str, model_path: Path, settings: VllmSettings, on_dead: OnDead | None = None) -> None:
+    def __init__(self, model: str, model_path: Path, settings: VllmSettings, on_dead: OnDead | None = None,
+                 transfer: KvTransferSetup | None = None) -> None:
         self.model = model
+        #: With a transfer setup the engine runs vLLM's NixlConnector: it serves the prefill and
+        #: decode pools (workers/engines/vllm_kv_transfer.py).
+        self.transfer = transfer
+        self.supports_disaggregation = transfer is not None
+        #: vLLM's own counters (KV usage, prompt-token sources); recorded only with a transfer setup.
+        self.counters = EngineCounters()
+        #: Exported prefills whose blocks vLLM may still hold for a read: until the decode worker's
+        #: ``release_transfer`` or the lease's end.
+        self._held: dict[str, asyncio.TimerHandle] = {}
         self._on_dead = on_dead
         self.model_path = Path(model_path)
         self.settings = settings
@@ -204,10 +228,13 @@ class VllmEngine(Engine):
         _check_model_dir(self.model_path)
         _configure_cpu_threads(self.settings)
         self._sink = kv_sink
+        if self.transfer is not None:
+            configure_environment(self.transfer, current_platform.is_cpu())
         self._subscriber = KvEventSubscriber()
         try:
             self._llm = AsyncLLM.from_engine_args(
-                engine_args(self.model_path, self.settings, self._subscriber.endpoint)
+                engine_args(self.model_path, self.settings, self._subscriber.endpoint, self.transfer),
+                stat_loggers=[recorder_factory(self.counters)] if self.transfer is not None else None,
             )
         except Exception as exc:
             self._subscriber.close()
@@ -250,11 +277,13 @@ class VllmEngine(Engine):
         llm = self._require_llm()
         self._check_request(request)
         live = _Live(prompt_tokens=len(request.token_ids))
+        if request.kv_handle is not None and self._translator is not None:
+            live.local_hit = self._translator.cached_prefix_tokens(request.token_ids[:-1])
         self._live[request.request_id] = live
         cached = 0
         finished = False
         prompt = tokens_input(list(request.token_ids))
-        stream = llm.generate(prompt, to_vllm_sampling(request.sampling), request.request_id)
+        stream = llm.generate(prompt, self._sampling(request), request.request_id)
         try:
             async with contextlib.aclosing(stream):
                 async for out in stream:
@@ -271,11 +300,11 @@ class VllmEngine(Engine):
                             yield EngineOutput(tokens)
                         continue
                     finish = _FINISH_REASONS.get(completion.finish_reason, "error")
-                    usage = Usage(
-                        prompt_tokens=live.prompt_tokens, completion_tokens=live.generated, cached_tokens=cached
-                    )
                     finished = True
-                    yield EngineOutput(tokens, finish_reason=finish, usage=usage)
+                    if request.kv_export and out.kv_transfer_params and self.transfer is not None:
+                        self._hold(request.request_id, self.transfer.lease_s)
+                    yield EngineOutput(tokens, finish_reason=finish, usage=self._usage(request, live, cached),
+                                       kv_handle=out.kv_transfer_params if request.kv_export else None)
                     return
         except EngineDeadError as exc:
             self._report_dead("vLLM's engine core process died")
@@ -287,6 +316,45 @@ class VllmEngine(Engine):
                 await _core_caught_up(llm)
             if self._live.get(request.request_id) is live:
                 del self._live[request.request_id]
+
+    def _sampling(self, request: EngineRequest) -> VllmSamplingParams:
+        params = request.sampling
+        if request.carried_tokens:  # the carried tokens count against max_tokens and min_tokens
+            params = msgspec.structs.replace(params, max_tokens=params.max_tokens - request.carried_tokens,
+                                             min_tokens=max(0, params.min_tokens - request.carried_tokens))
+        sampling = to_vllm_sampling(params)
+        if request.kv_export:
+            sampling.extra_args = {"kv_transfer_params": export_params()}
+        elif request.kv_handle is not None:
+            sampling.extra_args = {"kv_transfer_params": import_params(
+                request.kv_handle, len(request.token_ids), self.info.block_size)}
+        return sampling
+
+    @staticmethod
+    def _usage(request: EngineRequest, live: _Live, cached: int) -> Usage:
+        """A decode's ``num_cached_tokens`` (vLLM) counts every prompt token it did not compute: its
+        own prefix hit plus the tokens read from the prefill worker. The prefix hit is the one the
+        cache held when the request was submitted (``live.local_hit``); the rest was transferred.
+        The carried tokens count as output."""
+        carried = request.carried_tokens
+        prompt = live.prompt_tokens - carried
+        transferred = 0
+        if request.kv_handle is not None:
+            transferred = max(0, min(cached, prompt) - live.local_hit)
+            cached = live.local_hit
+        return Usage(prompt_tokens=prompt, completion_tokens=live.generated + carried,
+                     cached_tokens=min(cached, prompt), transferred_tokens=transferred)
+
+    def _hold(self, request_id: str, lease_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._held[request_id] = loop.call_later(lease_s, self._held.pop, request_id, None)
+
+    async def release_transfer(self, request_id: str) -> None:
+        """The decode worker has read the blocks: vLLM frees them on its own (the connector's
+        notification), so only the bookkeeping of :meth:`load` is dropped here."""
+        timer = self._held.pop(request_id, None)
+        if timer is not None:
+            timer.cancel()
 
     async def abort(self, request_id: str) -> None:
         live = self._live.get(request_id)
@@ -321,6 +389,10 @@ class VllmEngine(Engine):
             else:
                 waiting += 1
             active += math.ceil((live.prompt_tokens + live.generated) / block)
+        if self.counters.kv_cache_usage is not None and (self._live or self._held):
+            # vLLM's own count, which sees blocks held for a transfer. It comes with engine steps:
+            # with nothing live or held, the last one may predate an abort's release.
+            active = math.ceil(self.counters.kv_cache_usage * self.info.kv_blocks - 1e-6)
         return WorkerLoad(running=running, waiting=waiting, active_blocks=active, total_blocks=self.info.kv_blocks)
 
     async def clear_kv_cache(self) -> None:
@@ -361,6 +433,10 @@ class VllmEngine(Engine):
         n = len(request.token_ids)
         if n == 0:
             raise InvalidRequest("the prompt is empty", param="prompt")
+        if not 0 <= request.carried_tokens < n or request.carried_tokens >= request.sampling.max_tokens:
+            raise InvalidRequest(f"carried_tokens {request.carried_tokens} does not fit the request")
+        if (request.kv_export or request.kv_handle is not None) and self.transfer is None:
+            raise InvalidRequest("this vLLM worker runs without a KV connector: it serves no disaggregated request")
         limit = self.info.context_length
         if n > limit:
             raise ContextLengthExceeded(

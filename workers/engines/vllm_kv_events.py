@@ -123,6 +123,15 @@ class KvEventTranslator:
     def cached_hashes(self) -> list[int]:
         return list(self._sluice_refs)
 
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """How many leading tokens of ``token_ids`` (whole blocks) the prefix cache holds now."""
+        held = 0
+        for block_hash in block_hashes(token_ids, self.block_size, root_hash(self.model)):
+            if block_hash not in self._sluice_refs:
+                break
+            held += self.block_size
+        return held
+
     def _stored(self, event: WireBlockStored) -> BlockStored | None:
         if event.medium not in _DEVICE_MEDIA or not event.block_hashes:
             return None

@@ -1,0 +1,130 @@
+"""Disaggregated serving on the real model: a vLLM prefill worker and a vLLM decode worker whose
+KV moves over vLLM's NixlConnector (NIXL over UCX on loopback), behind ``sluice serve``.
+
+What the decode worker read instead of computing is vLLM's own count (``transferred_tokens`` in the
+decode worker's usage: the prompt tokens vLLM did not compute there, less its own prefix hit), and
+idle KV is vLLM's own KV-cache usage (the workers' load records). The module's last test kills the
+prefill worker.
+
+Run in the vLLM environment: ``.venv-vllm/bin/python -m pytest -m vllm tests/e2e/test_vllm_disagg.py``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from core.keys import Keys
+from core.messages import ControlCommand, encode_control
+from sluice.devstack import Stack, final_delta, wait_until
+from tests.e2e.disagg_support import LONG, busy, wait_idle
+from tests.workers.vllm_support import MODEL, VLLM_SKIP, smollm2_weights_dir
+
+pytestmark = [pytest.mark.vllm, VLLM_SKIP]
+
+START_TIMEOUT_S = 400
+
+
+@pytest.fixture(scope="module")
+def pd(redis_server) -> Iterator[Stack]:  # noqa: ANN001
+    s = Stack(redis_url=redis_server.url, namespace=f"vpd{uuid.uuid4().hex[:8]}", model_path=smollm2_weights_dir(),
+              env_extra={"SLUICE_ENGINE": "vllm", "SLUICE_WORKER__VLLM__MAX_NUM_SEQS": "4",
+                         "SLUICE_WORKER__VLLM__KV_CACHE_GIB": "0.5", "SLUICE_WORKER__VLLM__OMP_THREADS": "1",
+                         "SLUICE_DISAGG__MIN_TOKENS": "512", "SLUICE_DISAGG__KV_HOLD_S": "20",
+                         # A prefill here takes tens of seconds on one thread, and the frontend's
+                         # stall clock still counts a prefill as silence.
+                         "SLUICE_FRONTEND__STALL_TIMEOUT_S": "240"})
+    try:
+        s.start_worker("p1", SLUICE_POOL="prefill")
+        s.start_worker("d1", SLUICE_POOL="decode")
+        s.start_frontend()
+        s.wait_ready(MODEL, workers=2, timeout=START_TIMEOUT_S)
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def r(redis_server) -> Iterator[redis.Redis]:  # noqa: ANN001
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+def _complete(stack: Stack, prompt: str, router: str, max_tokens: int = 16) -> httpx.Response:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    resp = httpx.post(f"{stack.base_url}/v1/completions", json=body, headers={"x-sluice-router": router},
+                      timeout=300)
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def _clear_cache(r: redis.Redis, stack: Stack, worker: str) -> None:
+    """Empty the worker's prefix cache (its control channel) and wait until the index says so."""
+    keys = Keys(stack.namespace)
+    r.publish(keys.control_channel(worker), encode_control(ControlCommand("clear_kv")))
+    wait_until(lambda: r.scard(keys.kv_worker(worker)) == 0, 20, f"{worker}'s cache to be cleared")
+
+
+def test_greedy_output_is_identical_and_the_decode_worker_reads_the_prompt(pd: Stack, r: redis.Redis) -> None:
+    w = r.pubsub()
+    w.psubscribe(f"sluice:{pd.namespace}:tok:*")
+    try:
+        remote = _complete(pd, LONG, "worker_id=d1")
+        assert remote.headers["x-sluice-prefill-worker"] == "p1" and remote.headers["x-sluice-worker"] == "d1"
+        final = final_delta(w, remote.json()["id"].removeprefix("cmpl-"), timeout=30)
+    finally:
+        w.close()
+    usage = remote.json()["usage"]
+    assert usage["prompt_tokens"] >= 1500 and usage["completion_tokens"] == 16
+    assert final is not None and final.usage is not None
+    # vLLM on the decode worker computed no prompt token: all of them came over NIXL.
+    assert final.usage.transferred_tokens == usage["prompt_tokens"], final.usage
+    wait_idle(r, pd, "p1", "d1", timeout=30)  # p1's held blocks freed once read
+
+    _clear_cache(r, pd, "d1")
+    local = _complete(pd, LONG, "worker_id=d1, disagg=off")
+    assert "x-sluice-prefill-worker" not in local.headers
+    assert local.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # computed from scratch
+    assert remote.json()["choices"][0]["text"] == local.json()["choices"][0]["text"]
+
+
+def test_a_client_that_leaves_during_the_prefill_cancels_it_on_the_prefill_worker(
+        pd: Stack, r: redis.Redis) -> None:
+    keys = Keys(pd.namespace)
+    body = {"model": MODEL, "prompt": LONG.replace("fox", "owl") * 2, "max_tokens": 16, "stream": True}
+    with httpx.stream("POST", f"{pd.base_url}/v1/completions", json=body, timeout=60,
+                      headers={"x-sluice-router": "worker_id=d1"}) as resp:
+        assert resp.status_code == 200 and resp.headers["x-sluice-prefill-worker"] == "p1"
+        wait_until(lambda: busy(r, pd, "p1"), 30, "p1 to take the prefill")
+    hung_up = time.monotonic()
+    wait_idle(r, pd, "p1", "d1", timeout=20)
+    # Well before the prefill would have ended (a 3,400-token prompt takes tens of seconds here).
+    assert time.monotonic() - hung_up < 10
+    assert r.llen(keys.worker_queue("d1")) == 0, "a decode task was pushed for a cancelled request"
+
+
+def test_a_prefill_worker_that_dies_falls_back_to_a_local_prefill(pd: Stack, r: redis.Redis) -> None:
+    """Last in the module: it kills p1."""
+    prompt = LONG.replace("fox", "hen")
+    result: dict[str, httpx.Response] = {}
+
+    def send() -> None:
+        result["r"] = _complete(pd, prompt, "worker_id=d1, disagg=on")
+
+    import threading
+
+    t = threading.Thread(target=send)
+    t.start()
+    wait_until(lambda: busy(r, pd, "p1"), 60, "p1 to start the prefill")
+    pd.kill("p1")
+    t.join(300)
+    resp = result["r"]
+    assert resp.headers["x-sluice-worker"] == "d1"
+    assert resp.json()["usage"]["completion_tokens"] == 16
+    wait_idle(r, pd, "d1", timeout=30)
