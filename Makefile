@@ -139,7 +139,8 @@ bench-vllm: venv-vllm
 bench-disagg: venv venv-vllm
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.disagg_bench
-	$(VLLM_BIN)/python -m bench.nixl_raw
+	$(VLLM_BIN)/python -m bench.vllm_transfer_bench
+	$(VLLM_BIN)/python -m bench.disagg_bench --engine vllm
 
 bench-router: venv
 	./scripts/ensure_redis.sh

@@ -6,6 +6,15 @@ deltas arrive (coalescing whatever arrived together); leaving the context always
 everything: the stream registration, the router's in-flight prediction (released however the
 request ends: done, error, cancel), the worker's request (cancelled unless it finished) and the
 usage record. The first token delta tells the router the prompt is computed (``prefill_done``).
+
+Migration: when the worker serving a request is lost (its lease expired: the hub fails the stream
+with ``worker_lost``) before the request ended, the request continues on another live worker of
+the model, which is given the prompt plus every token already streamed (``carried_tokens``) and
+computes it as its prompt; the client sees only a pause. This covers a prefill worker lost before
+the first token (the decode worker, or any other, prefills locally), a decode worker lost after
+the hand-off, and a task that was queued on a worker that died. Each attempt has its own id on
+the wire (``<request id>-r<n>``), so a lost worker that comes back cannot write into the new
+attempt's stream; at most ``frontend.max_migrations`` moves per request.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from core.messages import (
     encode_control,
     request_to_builtins,
 )
-from core.wire import GENERATE_TASK, PREFILL_TASK, TaskParts, task_message_parts
+from core.wire import GENERATE_TASK, PREFILL_TASK, task_message_parts
 from router.disagg import DisaggThresholds, PrefillPlace, PrefillPlan, plan_prefill
 from router.policies import Policy, RouteRequest, RouterOverrides
 from router.registry import LiveWorker
@@ -99,8 +108,14 @@ class Generation:
         #: when remote, by which prefill worker.
         self.plan: PrefillPlan | None = None
         self.prefill_worker_id: str | None = None
-        #: The generate task and the decode worker's queue, for a local prefill if the prefill worker dies.
-        self._fallback: tuple[TaskParts, str] | None = None
+        #: The id the current attempt carries on the wire (tasks, deltas, cancels, the router's
+        #: prediction): the request id, then ``<request id>-r<n>`` after the n-th migration.
+        self._wire_id = self.request_id
+        #: Every token streamed so far (what a migrated attempt is given), and the workers lost.
+        self._generated: list[int] = []
+        self._lost: list[str] = []
+        self._migrations = 0
+        self._awaiting_first = True
         self._stream: RequestStream | None = None
         self._t0 = time.monotonic()
         self._wall0 = time.time()
@@ -148,7 +163,6 @@ class Generation:
                     self.prompt_tokens, min(self.prompt_tokens, decision.overlap_blocks * chosen.record.block_size),
                     prefill_workers=len(prefill_workers),
                     prefill_queue=sum(w.load.waiting for w in prefill_workers), thresholds=self._thresholds(disagg))
-                self._fallback = (task, decision.queue)
                 if self.plan.remote:
                     await self._start_prefill(policy, payload, chosen, prefill_workers, stream)
                 else:
@@ -230,9 +244,6 @@ class Generation:
                 if left <= stall:
                     raise UpstreamError("the request did not finish before its deadline", code="timeout") from None
                 raise StreamStalled(f"no tokens from the worker for {stall:.0f} s") from None
-            if self._prefill_worker_lost(batch):
-                await self._prefill_locally()
-                continue
             token_ids: list[int] = []
             last = None
             for delta in batch:
@@ -244,8 +255,11 @@ class Generation:
             if token_ids:
                 if self._t_first is None:
                     self._t_first = time.monotonic()
-                    self._policy.prefill_done(self.request_id)
+                if self._awaiting_first:
+                    self._awaiting_first = False
+                    self._policy.prefill_done(self._wire_id)
                     self._policy.release(self._prefill_key)  # the prefill worker is done with it
+                self._generated.extend(token_ids)
                 self.completion_tokens += len(token_ids)
                 text = assembler.add(token_ids)
                 if assembler.stopped:
@@ -257,6 +271,9 @@ class Generation:
                 if text:
                     yield text
             if last is not None:
+                if self._worker_lost(last):
+                    await self._migrate()
+                    continue
                 self._done = True
                 if last.error is not None:
                     self.error_type = last.error.code or last.error.type
@@ -273,26 +290,66 @@ class Generation:
                     yield tail
                 return
 
-    def _prefill_worker_lost(self, batch: list[TokenDelta]) -> bool:
-        """The prefill worker died before the first token (its lease expired: the hub failed the stream)."""
-        last = batch[-1]
-        return (self.prefill_worker_id is not None and self._t_first is None and self._fallback is not None
-                and last.error is not None and last.error.type == "worker_lost"
-                and not any(d.token_ids for d in batch))
+    def _worker_lost(self, last: TokenDelta) -> bool:
+        """The serving worker was lost before the request ended, and the request may move on."""
+        return (last.error is not None and last.error.type == "worker_lost"
+                and self._migrations < self.rt.settings.frontend.max_migrations
+                and len(self._generated) < self.spec.sampling.max_tokens)
 
-    async def _prefill_locally(self) -> None:
-        """Fall back to a local prefill: the decode worker computes the prompt itself. Nothing has
-        streamed yet, so the client sees only a later first token."""
-        assert self._fallback is not None
-        task, queue = self._fallback
-        log.warning("request %s: prefill worker %s lost before the first token; prefilling on %s",
-                    self.request_id, self.prefill_worker_id, self.worker_id)
-        self.prefill_worker_id = None
-        self._fallback = None
+    async def _migrate(self) -> None:
+        """Continue the request on another live worker: the prompt plus the tokens streamed so far,
+        computed there as its prompt (a local prefill), numbered on from them. Raises UpstreamError
+        when no other worker serves the model."""
+        rt, spec = self.rt, self.spec
+        assert self._stream is not None
+        lost = self._stream.worker_id
+        if lost and lost not in self._lost:
+            self._lost.append(lost)
+        old = self._wire_id
+        rt.hub.discard(old)
+        self._policy.release(old)
         self._policy.release(self._prefill_key)
-        self.rt.hub.discard(self.request_id)
-        self._stream = self.rt.hub.open(self.request_id, self.worker_id)
-        await self.rt.enqueuer.push(queue, task.for_queue(queue))
+        for worker in {lost, self.prefill_worker_id} - {None}:
+            # A lost worker that comes back drops the old attempt; a prefill worker holding blocks
+            # for a lost decode worker frees them now instead of at its lease's end.
+            op = "kv_release" if worker == self.prefill_worker_id and worker != lost else "cancel"
+            rt.spawn(rt.redis.publish(rt.keys.control_channel(worker), encode_control(ControlCommand(op, old))))
+        workers = [w for w in rt.directory.by_model.get(spec.model, ())
+                   if w.record.pool != "prefill" and w.record.worker_id not in self._lost]
+        pinned = [w for w in workers if w.record.worker_id == spec.overrides.worker_id]
+        if not workers:
+            self._done = True
+            self.error_type = "worker_lost"
+            raise UpstreamError(f"worker {lost} stopped responding and no other worker serves {spec.model!r}",
+                                code="worker_lost")
+        self._migrations += 1
+        self._wire_id = f"{self.request_id}-r{self._migrations}"
+        carried = len(self._generated)
+        token_ids = [*spec.prompt_token_ids, *self._generated]
+        payload = GenerateRequest(request_id=self._wire_id, model=spec.model, token_ids=token_ids,
+                                  sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline,
+                                  carried_tokens=carried)
+        task = task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self._wire_id,
+                                  argsrepr=f"request {self.request_id}: resumed after worker {lost} was lost, "
+                                           f"{carried} tokens carried")
+        self._stream = stream = rt.hub.open(self._wire_id, None, first_seq=carried)
+        self._awaiting_first = True
+        over = dataclasses.replace(spec.overrides, worker_id=None)
+        try:
+            decision = await self._policy.choose(
+                RouteRequest(self._wire_id, spec.model, token_ids, overrides=over, task=task), pinned or workers)
+            if not decision.enqueued:
+                await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
+        except SluiceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Redis failed under us: the client gets a clear error
+            self._done = True
+            raise UpstreamError(f"worker {lost} stopped responding and the request could not be moved: {exc}",
+                                code="worker_lost") from exc
+        stream.worker_id = self.worker_id = decision.worker_id
+        rt.metrics.migrations.labels(spec.model).inc()
+        log.warning("request %s: worker %s lost after %d tokens; continuing on %s",
+                    self.request_id, lost, carried, decision.worker_id)
 
     @property
     def served_by(self) -> str | None:
@@ -308,7 +365,7 @@ class Generation:
         if self._done:
             return
         self._done = True
-        cancel = encode_control(ControlCommand("cancel", self.request_id))
+        cancel = encode_control(ControlCommand("cancel", self._wire_id))
         workers = {w for w in (self.served_by, self.prefill_worker_id) if w}
         if not workers:
             self.rt.spawn(self.rt.redis.publish(self.rt.keys.control_broadcast, cancel))
@@ -323,14 +380,15 @@ class Generation:
             if self.error_type is None and self.finish_reason is None:
                 self.error_type = "cancelled"
             self._cancel_on_worker()
-        self.rt.hub.discard(self.request_id)
-        self._policy.release(self.request_id)
+        self.rt.hub.discard(self._wire_id)
+        self._policy.release(self._wire_id)
         self._policy.release(self._prefill_key)
         end = time.monotonic()
         self.rt.accounts.finish(self.principal, UsageRecord(
             request_id=self.request_id, model=self.spec.model,
             key_id=self.principal.key_id if self.principal else None, pool=self.pool,
-            worker_ids=list(dict.fromkeys(w for w in (self.prefill_worker_id, self.worker_id or stream.worker_id) if w)),
+            worker_ids=list(dict.fromkeys(
+                w for w in (self.prefill_worker_id, *self._lost, self.worker_id or stream.worker_id) if w)),
             prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
             completion_tokens=self.completion_tokens,
             queue_time_s=(self._started_at - self._wall0) if self._started_at else None,

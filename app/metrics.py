@@ -24,6 +24,8 @@ class FrontendMetrics:
                                   buckets=_LATENCY_BUCKETS, registry=r)
         self.tokens = Counter("sluice_output_tokens_total", "Generated tokens", ["model"], registry=r)
         self.in_flight = Gauge("sluice_requests_in_flight", "Requests being served", registry=r)
+        self.migrations = Counter("sluice_request_migrations_total",
+                                  "Requests moved to another worker after theirs was lost", ["model"], registry=r)
         self.live_workers = Gauge("sluice_live_workers", "Workers with a live lease", ["model"], registry=r)
 
     def observe_finished(self, model: str, finish_reason: str | None, error_type: str | None,

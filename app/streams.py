@@ -33,7 +33,7 @@ class RequestStream:
 
     __slots__ = ("request_id", "worker_id", "handoff_to", "_items", "_ready", "_next_seq", "closed")
 
-    def __init__(self, request_id: str, worker_id: str | None) -> None:
+    def __init__(self, request_id: str, worker_id: str | None, first_seq: int = 0) -> None:
         self.request_id = request_id
         self.worker_id = worker_id
         #: Disaggregated: the decode worker that serves the request once the prefill worker
@@ -41,7 +41,7 @@ class RequestStream:
         self.handoff_to: str | None = None
         self._items: collections.deque[TokenDelta] = collections.deque()
         self._ready = asyncio.Event()
-        self._next_seq = 0
+        self._next_seq = first_seq
         self.closed = False
 
     def _push(self, delta: TokenDelta) -> None:
@@ -97,8 +97,10 @@ class StreamHub:
     async def close(self) -> None:
         await self._reader.stop()
 
-    def open(self, request_id: str, worker_id: str | None) -> RequestStream:
-        stream = RequestStream(request_id, worker_id)
+    def open(self, request_id: str, worker_id: str | None, first_seq: int = 0) -> RequestStream:
+        """Register a request's stream; ``first_seq``: the ``seq`` its first delta carries (a resumed
+        request's worker numbers its deltas on from the tokens it was given)."""
+        stream = RequestStream(request_id, worker_id, first_seq)
         self._streams[request_id] = stream
         return stream
 

@@ -7,6 +7,11 @@ prompts (4K-8K tokens, each new to every cache) arrive at a steady rate. Reporte
 prompts (p50/p99) and the inter-token latency of the decoding streams (every gap between two
 tokens, p50/p99). Prints a table; writes bench/results/disagg.json. The raw NIXL figure for the
 KV-transfer comparison comes from ``python -m bench.nixl_raw``.
+
+``--engine vllm`` (run with .venv-vllm's python) makes the same comparison on vLLM CPU with the
+real model, 2 aggregated workers against 1 prefill + 1 decode, each worker with one OpenMP thread
+(two processes share the two cores of a small machine: no target, reported). Its defaults are
+scaled to what a CPU computes (``--vllm-*`` below); writes bench/results/disagg_vllm.json.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import asyncio
 import json
 import random
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -72,6 +78,15 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict, on_token
     return None if first is None else first - t0
 
 
+#: The vLLM comparison: two workers, one OpenMP thread each, a small KV cache; prompts that take
+#: seconds (not milliseconds) to prefill on a CPU.
+VLLM_ENV = {"SLUICE_ENGINE": "vllm", "SLUICE_WORKER__VLLM__OMP_THREADS": "1", "SLUICE_WORKER__VLLM__KV_CACHE_GIB": "0.5",
+            "SLUICE_WORKER__VLLM__MAX_NUM_SEQS": "16", "SLUICE_DISAGG__MIN_TOKENS": "512",
+            "SLUICE_FRONTEND__STALL_TIMEOUT_S": "300"}
+VLLM_DEFAULTS = {"seconds": 150.0, "warmup": 10.0, "decoders": 4, "decode_tokens": 64, "long_rate": 0.02,
+                 "long_min": 1024, "long_max": 2048}
+
+
 def _long_prompt(rng: random.Random, tokenizer: Tokenizer, tokens: int) -> str:
     """About ``tokens`` tokens of random words, new to every cache (a fresh tag first)."""
     words = " ".join(f"w{rng.randrange(10_000)}" for _ in range(tokens))
@@ -120,7 +135,7 @@ async def _workload(url: str, pairs: int, tokenizer: Tokenizer, args: argparse.N
             await asyncio.sleep(args.warmup)
             pending = []
             while time.perf_counter() < stop_at:
-                pending.append(asyncio.create_task(long_one(rng.randrange(4096, 8192))))
+                pending.append(asyncio.create_task(long_one(rng.randrange(args.long_min, args.long_max))))
                 await asyncio.sleep(rng.expovariate(args.long_rate * pairs))
             await asyncio.gather(*pending)
 
@@ -129,13 +144,15 @@ async def _workload(url: str, pairs: int, tokenizer: Tokenizer, args: argparse.N
 
 
 def run_topology(name: str, pools: list[str], server: RedisServer, tok: Path, args: argparse.Namespace) -> dict:
-    stack = Stack(redis_url=server.url, namespace=f"dis{uuid.uuid4().hex[:6]}", model_path=tok,
-                  env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_WORKER__TASK_EVENTS": "0"})
+    env = {"SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_WORKER__TASK_EVENTS": "0"}
+    if args.engine == "vllm":
+        env.update(VLLM_ENV)
+    stack = Stack(redis_url=server.url, namespace=f"dis{uuid.uuid4().hex[:6]}", model_path=tok, env_extra=env)
     try:
         for i, pool in enumerate(pools):
             stack.start_worker(f"{pool[0]}{i}", SLUICE_POOL=pool)
         stack.start_frontend(SLUICE_AUTH="0")
-        stack.wait_ready(MODEL, workers=len(pools))
+        stack.wait_ready(MODEL, workers=len(pools), timeout=600 if args.engine == "vllm" else 60)
         tokenizer = Tokenizer.from_file(str(tok / "tokenizer.json"))
         samples = asyncio.run(_workload(f"{stack.base_url}/v1/completions", len(pools) // 2, tokenizer, args))
     finally:
@@ -149,14 +166,23 @@ def run_topology(name: str, pools: list[str], server: RedisServer, tok: Path, ar
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=("mocker", "vllm"), default="mocker")
     parser.add_argument("--seconds", type=float, default=40.0, help="length of each run")
     parser.add_argument("--warmup", type=float, default=5.0, help="decoders only, not measured")
     parser.add_argument("--decoders", type=int, default=32, help="decoding streams per pair of workers")
     parser.add_argument("--decode-tokens", type=int, default=256, help="max_tokens of each decoding stream")
     parser.add_argument("--long-rate", type=float, default=0.5, help="long prompts per second per pair of workers")
+    parser.add_argument("--long-min", type=int, default=4096, help="shortest long prompt, tokens")
+    parser.add_argument("--long-max", type=int, default=8192, help="longest long prompt, tokens")
     parser.add_argument("--only", nargs="*", choices=list(TOPOLOGIES), help="run these topologies only")
     args = parser.parse_args()
-    tok = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
+    if args.engine == "vllm":  # CPU-sized defaults for what was not given
+        given = {a.split("=")[0].lstrip("-").replace("-", "_") for a in sys.argv[1:] if a.startswith("--")}
+        for key, value in VLLM_DEFAULTS.items():
+            if key not in given:
+                setattr(args, key, value)
+        args.only = args.only or ["agg-2", "disagg-1p1d"]
+    tok = prepare_model(MODEL, Settings().models_dir, weights=args.engine == "vllm", progress=False)
     server = RedisServer().start()
     rows = []
     try:
@@ -166,8 +192,9 @@ def main() -> None:
             rows.append(run_topology(name, pools, server, tok, args))
     finally:
         server.stop()
-    table = Table(width=140, title=f"Long prompts (4K-8K tokens, {args.long_rate}/s per pair) while {args.decoders} streams "
-                        "per pair decode (mocker, speedup 1)")
+    engine = "mocker, speedup 1" if args.engine == "mocker" else "vLLM CPU, SmolLM2-135M, 1 thread per worker"
+    table = Table(width=140, title=f"Long prompts ({args.long_min}-{args.long_max} tokens, {args.long_rate}/s per pair) "
+                        f"while {args.decoders} streams per pair decode ({engine})")
     for col in rows[0]:
         table.add_column(col, justify="right")
     for row in rows:
@@ -183,7 +210,8 @@ def main() -> None:
     for name, values in ratios.items():
         Console().print(f"{name}: " + ", ".join(f"{k} {v:.2f}x" for k, v in values.items()))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "disagg.json").write_text(json.dumps({"args": vars(args), "runs": rows, "ratios": ratios}, indent=2))
+    name = "disagg.json" if args.engine == "mocker" else "disagg_vllm.json"
+    (RESULTS / name).write_text(json.dumps({"args": vars(args), "runs": rows, "ratios": ratios}, indent=2))
 
 
 if __name__ == "__main__":

@@ -128,6 +128,9 @@ class FrontendSettings(BaseModel):
     request_timeout_s: float = Field(600.0, gt=0)
     default_max_tokens: int = Field(1024, ge=1)
     max_n: int = Field(1, ge=1)
+    #: How many times one request may move to another worker after its worker was lost (its lease
+    #: expired), continuing from the tokens already streamed; 0 turns migration off.
+    max_migrations: int = Field(3, ge=0)
 
 
 class AccountsSettings(BaseModel):

@@ -224,9 +224,14 @@ class Processes:
         return proc
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal the process's group and wait for it to exit."""
         proc = self.procs[name]
         os.killpg(proc.popen.pid, sig)
         proc.popen.wait(30)
+
+    def signal(self, name: str, sig: int) -> None:
+        """Signal the process's group without waiting (SIGSTOP, SIGCONT)."""
+        _signal_group(self.procs[name], sig)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         for proc in self.procs.values():
@@ -310,6 +315,9 @@ class Stack:
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         self.processes.kill(name, sig)
+
+    def signal(self, name: str, sig: int) -> None:
+        self.processes.signal(name, sig)
 
     def stop(self) -> None:
         self.processes.stop()

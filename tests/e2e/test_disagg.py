@@ -157,3 +157,124 @@ def test_pools_show_in_ready_and_models(disagg: Stack) -> None:
     models = httpx.get(f"{disagg.base_url}/v1/models", timeout=10).json()["data"]
     assert [(m["id"], m["pools"]) for m in models] == [(MODEL, {"prefill": 1, "decode": 1, "agg": 1})]
 
+
+
+# --- Failures: each request still completes, and no KV block stays in use -------------------------
+
+def _stream_text(stack: Stack, body: dict, router: str, on_chunk=None) -> tuple[str, dict, httpx.Headers]:  # noqa: ANN001
+    """Stream a completion; ``on_chunk(n)`` runs after the n-th data event (0: the response's
+    headers are in, no event yet; a prefill is still running then). Returns the text, the
+    usage (from ``stream_options.include_usage``) and the response headers."""
+    import orjson
+
+    text, usage, n = "", {}, 0
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{stack.base_url}/v1/completions", json=body, timeout=120,
+                      headers={"x-sluice-router": router}) as resp:
+        assert resp.status_code == 200, resp.read()
+        if on_chunk is not None:
+            on_chunk(0)
+        for line in resp.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = orjson.loads(line[6:])
+            assert "error" not in chunk, chunk
+            text += "".join(c["text"] for c in chunk["choices"])
+            usage = chunk.get("usage") or usage
+            n += 1
+            if on_chunk is not None:
+                on_chunk(n)
+        return text, usage, resp.headers
+
+
+def _migrations(stack: Stack) -> float:
+    metrics = httpx.get(f"{stack.base_url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("sluice_request_migrations_total{"))
+
+
+@pytest.fixture
+def fragile(redis_server, tokenizer_dir) -> Iterator[Stack]:  # noqa: ANN001
+    """A slow prefill worker (its prompts take seconds) and two decode workers, owned by one test."""
+    s = Stack(redis_url=redis_server.url, namespace=f"frag{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
+              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_DISAGG__MIN_TOKENS": MIN_TOKENS})
+    try:
+        s.start_worker("p1", SLUICE_POOL="prefill", SLUICE_WORKER__MOCKER__SPEEDUP="0.02")
+        s.start_worker("d1", SLUICE_POOL="decode")
+        s.start_worker("d2", SLUICE_POOL="decode")
+        s.start_frontend()
+        s.wait_ready(MODEL, workers=3)
+        yield s
+    finally:
+        s.stop()
+
+
+BODY = {"model": MODEL, "prompt": LONG, "max_tokens": 300, "temperature": 0, "seed": 7, "ignore_eos": True}
+
+
+def test_a_prefill_worker_killed_mid_prefill_falls_back_to_a_local_prefill(fragile: Stack, redis_server) -> None:  # noqa: ANN001
+    """``p1`` is SIGKILLed while it computes the prompt (seconds, at its speed): once its lease ends,
+    the request is prefilled on the decode worker it was meant for and completes as it would have."""
+    s = fragile
+    reference, _, _ = _stream_text(s, BODY, "worker_id=d2, disagg=off")
+    text, usage, headers = _stream_text(s, BODY, "worker_id=d1", lambda n: n == 0 and s.kill("p1"))
+    assert headers["x-sluice-prefill-worker"] == "p1"
+    assert text == reference
+    assert usage["completion_tokens"] == 300 and _migrations(s) == 1
+    r = redis.Redis.from_url(redis_server.url)
+    try:
+        wait_idle(r, s, "d1", "d2")
+    finally:
+        r.close()
+
+
+def test_a_decode_worker_killed_after_the_hand_off_hands_the_stream_to_another(
+        fragile: Stack, redis_server) -> None:  # noqa: ANN001
+    """``d1`` is SIGKILLed while it streams the decode: the request continues on ``d2`` from the
+    tokens already sent (the prompt and them computed there), token for token what one worker gives,
+    and the prefill worker's held blocks are freed."""
+    s = fragile
+    reference, _, _ = _stream_text(s, BODY, "worker_id=d2, disagg=off")
+
+    def kill_mid_decode(n: int) -> None:
+        if n == 20:
+            s.kill("d1")
+
+    text, usage, headers = _stream_text(s, BODY, "worker_id=d1", kill_mid_decode)
+    assert headers["x-sluice-prefill-worker"] == "p1" and headers["x-sluice-worker"] == "d1"
+    assert not s.procs["d1"].alive()
+    assert text == reference and usage["completion_tokens"] == 300
+    assert _migrations(s) == 1
+    r = redis.Redis.from_url(redis_server.url)
+    try:
+        wait_idle(r, s, "p1", "d2")
+    finally:
+        r.close()
+
+
+def test_a_transfer_that_times_out_is_computed_on_the_decode_worker(redis_server, tokenizer_dir) -> None:  # noqa: ANN001
+    """The decode worker's link is so slow that reading the prompt's KV would outlast the prefill
+    worker's hold: the read fails at the hold's end and the decode worker computes the prompt."""
+    s = Stack(redis_url=redis_server.url, namespace=f"xfer{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
+              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_DISAGG__MIN_TOKENS": MIN_TOKENS})
+    r = redis.Redis.from_url(redis_server.url)
+    w = r.pubsub()
+    w.psubscribe(f"sluice:{s.namespace}:tok:*")
+    try:
+        s.start_worker("p1", SLUICE_POOL="prefill")
+        s.start_worker("d1", SLUICE_POOL="decode", SLUICE_WORKER__MOCKER__TRANSFER_GB_PER_S="0.00001",
+                       SLUICE_DISAGG__KV_HOLD_S="1")
+        s.start_worker("a1", SLUICE_POOL="agg")
+        s.start_frontend()
+        s.wait_ready(MODEL, workers=3)
+        aggregated = _complete(s, LONG, "worker_id=a1")
+        remote = _complete(s, LONG, "worker_id=d1")
+        assert remote.headers["x-sluice-prefill-worker"] == "p1"
+        assert remote.json()["choices"][0]["text"] == aggregated.json()["choices"][0]["text"]
+        final = final_delta(w, remote.json()["id"].removeprefix("cmpl-"))
+        assert final is not None and final.usage.transferred_tokens == 0 and final.usage.cached_tokens == 0
+        wait_idle(r, s, "p1", "d1")
+    finally:
+        w.close()
+        r.close()
+        s.stop()

@@ -3,14 +3,15 @@ KV moves over vLLM's NixlConnector (NIXL over UCX on loopback), behind ``sluice 
 
 What the decode worker read instead of computing is vLLM's own count (``transferred_tokens`` in the
 decode worker's usage: the prompt tokens vLLM did not compute there, less its own prefix hit), and
-idle KV is vLLM's own KV-cache usage (the workers' load records). The module's last test kills the
-prefill worker.
+idle KV is vLLM's own KV-cache usage (the workers' load records). The module's last two tests kill
+a prefill worker each (the last one starts its own).
 
 Run in the vLLM environment: ``.venv-vllm/bin/python -m pytest -m vllm tests/e2e/test_vllm_disagg.py``.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,7 +42,8 @@ def pd(redis_server) -> Iterator[Stack]:  # noqa: ANN001
                          "SLUICE_FRONTEND__STALL_TIMEOUT_S": "240"})
     try:
         s.start_worker("p1", SLUICE_POOL="prefill")
-        s.start_worker("d1", SLUICE_POOL="decode")
+        # A long lease: the transfer-failure test freezes d1 for the length of a prefill.
+        s.start_worker("d1", SLUICE_POOL="decode", SLUICE_WORKER__LEASE_TTL_S="120")
         s.start_frontend()
         s.wait_ready(MODEL, workers=2, timeout=START_TIMEOUT_S)
         yield s
@@ -110,7 +112,7 @@ def test_a_client_that_leaves_during_the_prefill_cancels_it_on_the_prefill_worke
 
 
 def test_a_prefill_worker_that_dies_falls_back_to_a_local_prefill(pd: Stack, r: redis.Redis) -> None:
-    """Last in the module: it kills p1."""
+    """It kills p1."""
     prompt = LONG.replace("fox", "hen")
     result: dict[str, httpx.Response] = {}
 
@@ -127,4 +129,45 @@ def test_a_prefill_worker_that_dies_falls_back_to_a_local_prefill(pd: Stack, r: 
     resp = result["r"]
     assert resp.headers["x-sluice-worker"] == "d1"
     assert resp.json()["usage"]["completion_tokens"] == 16
+    wait_idle(r, pd, "d1", timeout=30)
+
+
+def test_a_transfer_that_fails_is_computed_on_the_decode_worker(pd: Stack, r: redis.Redis) -> None:
+    """The prefill worker dies after handing the request off and before the decode worker read its
+    KV (the decode worker is frozen meanwhile): vLLM's read fails, the decode worker recomputes the
+    prompt (``kv_load_failure_policy="recompute"``), and the client gets the text one worker gives."""
+    pd.start_worker("p2", SLUICE_POOL="prefill")
+    wait_until(lambda: r.exists(f"sluice:{pd.namespace}:load:p2") == 1, START_TIMEOUT_S, "p2 to start")
+    prompt = LONG.replace("fox", "elk")
+    reference = _complete(pd, prompt, "worker_id=d1, disagg=off").json()["choices"][0]["text"]
+    _clear_cache(r, pd, "d1")  # blocks d1 holds would not be read: nothing to fail
+    import orjson
+
+    w = r.pubsub()
+    w.psubscribe(f"sluice:{pd.namespace}:tok:*")
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stream": True}
+    texts: list[str] = []
+    request_id = ""
+    try:
+        with httpx.stream("POST", f"{pd.base_url}/v1/completions", json=body, timeout=300,
+                          headers={"x-sluice-router": "worker_id=d1, disagg=on"}) as resp:
+            assert resp.status_code == 200 and resp.headers["x-sluice-prefill-worker"] == "p2"
+            wait_until(lambda: busy(r, pd, "p2"), 60, "p2 to take the prefill")
+            pd.signal("d1", signal.SIGSTOP)  # the prefill takes seconds: d1 stops well before the hand-off
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = orjson.loads(line[6:])
+                    assert "error" not in chunk, chunk
+                    texts.append("".join(c["text"] for c in chunk["choices"]))
+                    if len(texts) == 1:  # the first token, from p2: the decode task is on d1's queue
+                        request_id = chunk["id"].removeprefix("cmpl-")
+                        pd.kill("p2")
+                        pd.signal("d1", signal.SIGCONT)
+        final = final_delta(w, request_id, timeout=30)
+    finally:
+        pd.signal("d1", signal.SIGCONT)
+        w.close()
+    assert "".join(texts) == reference
+    assert final is not None and final.usage is not None
+    assert final.usage.transferred_tokens == 0, final.usage  # read nothing: computed the prompt
     wait_idle(r, pd, "d1", timeout=30)

@@ -293,13 +293,30 @@ class MockerEngine(Engine):
         req.remote_tokens = remote_tokens
         moved = max(0, -(-remote_tokens // bs) - self._kv.cached_prefix(req.chain))
         delay = 0.0 if s.no_sleep else moved * s.kv_bytes_per_block / (s.transfer_gb_per_s * 1e9) / s.speedup
-        self._pulls[req.request_id] = asyncio.get_running_loop().call_later(delay, self._pulled, req)
+        loop = asyncio.get_running_loop()
+        if delay > self.kv_hold_s:
+            # The prefill worker frees the blocks at the end of its hold: a read that would take
+            # longer fails then, and the request computes its whole prompt here (as vLLM's
+            # kv_load_failure_policy="recompute" does).
+            self._pulls[req.request_id] = loop.call_later(self.kv_hold_s, self._pull_failed, req)
+        else:
+            self._pulls[req.request_id] = loop.call_later(delay, self._pulled, req)
 
     def _pulled(self, req: _Request) -> None:
         self._pulls.pop(req.request_id, None)
         if req.closed or req.state is not _State.WAITING or self._wakeup is None:
             return
         req.pulled = True
+        self._waiting.append(req)
+        self._wakeup.set()
+
+    def _pull_failed(self, req: _Request) -> None:
+        self._pulls.pop(req.request_id, None)
+        if req.closed or req.state is not _State.WAITING or self._wakeup is None:
+            return
+        log.warning("request %s: the KV read from the prefill worker timed out after %.1f s; computing the "
+                    "prompt here", req.request_id, self.kv_hold_s)
+        req.remote_tokens = 0
         self._waiting.append(req)
         self._wakeup.set()
 

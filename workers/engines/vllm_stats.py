@@ -26,15 +26,35 @@ class EngineCounters:
     prompt_computed: int = 0
     prompt_local_cache_hit: int = 0
     prompt_transferred: int = 0
+    #: KV reads of this engine's connector since start (the decode side of a transfer), as NIXL's
+    #: telemetry measures them: how many, bytes, seconds from post to completion, and failures
+    #: (transfers and handshakes).
+    kv_reads: int = 0
+    kv_read_bytes: int = 0
+    kv_read_seconds: float = 0.0
+    kv_read_descriptors: int = 0
+    kv_read_failures: int = 0
 
     def record(self, scheduler: SchedulerStats | None, iteration: IterationStats | None) -> None:
         if scheduler is not None:
             self.kv_cache_usage = scheduler.kv_cache_usage
+            if scheduler.kv_connector_stats:
+                self._record_transfers(scheduler.kv_connector_stats)
         if iteration is not None:
             tokens = iteration.prompt_token_stats
             self.prompt_computed += tokens.computed
             self.prompt_local_cache_hit += tokens.local_cache_hit
             self.prompt_transferred += tokens.external_kv_transfer
+
+    def _record_transfers(self, stats: dict) -> None:
+        """``NixlKVConnectorStats.data``: per-transfer lists since the last step's report."""
+        sizes = stats.get("bytes_transferred") or ()
+        self.kv_reads += len(sizes)
+        self.kv_read_bytes += int(sum(sizes))
+        self.kv_read_seconds += float(sum(stats.get("transfer_duration") or ()))
+        self.kv_read_descriptors += int(sum(stats.get("num_descriptors") or ()))
+        self.kv_read_failures += len(stats.get("num_failed_transfers") or ()) + \
+            len(stats.get("num_failed_handshakes") or ())
 
 
 def recorder_factory(counters: EngineCounters) -> StatLoggerFactory:
