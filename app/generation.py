@@ -238,6 +238,8 @@ class Generation:
             try:
                 batch = await self._stream.get_batch(max(min(stall, left), 0.0))
             except TimeoutError:
+                if left > stall and self._computing_prompt():
+                    continue
                 self._fail("timeout")
                 # Which limit was waited for, not the clock afterwards: the loop's timers may fire a
                 # little early against wall-clock time.
@@ -290,6 +292,14 @@ class Generation:
                     yield tail
                 return
 
+    def _computing_prompt(self) -> bool:
+        """No token yet from a worker whose lease is live: it is computing the prompt (a long one
+        takes minutes on a CPU) or has it queued. Silence then is not a stall; a dead worker is
+        noticed by its lease, and the deadline still holds."""
+        worker = self._stream.worker_id if self._stream else None
+        return self._awaiting_first and worker is not None and any(
+            w.record.worker_id == worker for w in self.rt.directory.by_model.get(self.spec.model, ()))
+
     def _worker_lost(self, last: TokenDelta) -> bool:
         """The serving worker was lost before the request ended, and the request may move on."""
         return (last.error is not None and last.error.type == "worker_lost"
@@ -309,11 +319,15 @@ class Generation:
         rt.hub.discard(old)
         self._policy.release(old)
         self._policy.release(self._prefill_key)
-        for worker in {lost, self.prefill_worker_id} - {None}:
-            # A lost worker that comes back drops the old attempt; a prefill worker holding blocks
-            # for a lost decode worker frees them now instead of at its lease's end.
-            op = "kv_release" if worker == self.prefill_worker_id and worker != lost else "cancel"
-            rt.spawn(rt.redis.publish(rt.keys.control_channel(worker), encode_control(ControlCommand(op, old))))
+        # Every worker of the old attempt drops it: a "lost" worker that was only slow (it may still
+        # hand a decode task on, or be handed one), and the decode worker it was meant for (a cancel
+        # that arrives before the task is remembered). A prefill worker also frees the blocks it
+        # holds for the old attempt now instead of at its hold's end.
+        for worker in dict.fromkeys(w for w in (lost, self.prefill_worker_id, self.worker_id) if w):
+            rt.spawn(rt.redis.publish(rt.keys.control_channel(worker), encode_control(ControlCommand("cancel", old))))
+        if self.prefill_worker_id:
+            rt.spawn(rt.redis.publish(rt.keys.control_channel(self.prefill_worker_id),
+                                      encode_control(ControlCommand("kv_release", old))))
         workers = [w for w in rt.directory.by_model.get(spec.model, ())
                    if w.record.pool != "prefill" and w.record.worker_id not in self._lost]
         pinned = [w for w in workers if w.record.worker_id == spec.overrides.worker_id]

@@ -79,11 +79,12 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict, on_token
 
 
 #: The vLLM comparison: two workers, one OpenMP thread each, a small KV cache; prompts that take
-#: seconds (not milliseconds) to prefill on a CPU.
+#: seconds (not milliseconds) to prefill on a CPU. Two vLLM workers keep a 2-core machine's run
+#: queue at 8-10: a worker's heartbeat was seen 5.8 s late during a prefill, so the lease is long.
 VLLM_ENV = {"SLUICE_ENGINE": "vllm", "SLUICE_WORKER__VLLM__OMP_THREADS": "1", "SLUICE_WORKER__VLLM__KV_CACHE_GIB": "0.5",
             "SLUICE_WORKER__VLLM__MAX_NUM_SEQS": "16", "SLUICE_DISAGG__MIN_TOKENS": "512",
-            "SLUICE_FRONTEND__STALL_TIMEOUT_S": "300"}
-VLLM_DEFAULTS = {"seconds": 150.0, "warmup": 10.0, "decoders": 4, "decode_tokens": 64, "long_rate": 0.02,
+            "SLUICE_WORKER__LEASE_TTL_S": "30"}
+VLLM_DEFAULTS = {"seconds": 150.0, "warmup": 10.0, "decoders": 4, "decode_tokens": 64, "long_rate": 0.05,
                  "long_min": 1024, "long_max": 2048}
 
 

@@ -3,6 +3,7 @@ is left), routing and /ready forget them in time."""
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -70,3 +71,54 @@ def test_sigkill_mid_stream_moves_the_stream_to_a_live_worker_and_the_dead_one_l
     r = httpx.post(f"{s.base_url}/v1/chat/completions", timeout=10,
                    json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker_available"
+
+
+@pytest.fixture(scope="module")
+def slow_stack(redis_server, tokenizer_dir) -> Iterator[Stack]:  # noqa: ANN001
+    """One worker 100x slower than the timing model (a 1,700-token prefill takes about 4 s, a
+    decode step 0.6 s) behind a frontend whose stall clock is 2 s."""
+    s = Stack(redis_url=redis_server.url, namespace=f"slow{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
+              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "0.01", "SLUICE_FRONTEND__STALL_TIMEOUT_S": "2"})
+    try:
+        s.start_worker("w1")
+        s.start_frontend()
+        s.wait_ready(MODEL, workers=1)
+        yield s
+    finally:
+        s.stop()
+
+
+def test_a_prefill_longer_than_the_stall_clock_is_not_a_stall(slow_stack: Stack) -> None:
+    """The worker computes the prompt for twice the stall clock with nothing to send: its lease is
+    live, so the frontend waits for the first token instead of calling the worker stalled."""
+    from tests.e2e.disagg_support import LONG
+
+    body = {"model": MODEL, "prompt": LONG, "max_tokens": 3, "ignore_eos": True}
+    t0 = time.monotonic()
+    r = httpx.post(f"{slow_stack.base_url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
+    assert time.monotonic() - t0 > 2  # the prefill did outlast the stall clock
+
+
+def test_a_live_worker_silent_mid_stream_is_a_stall(redis_server, tokenizer_dir) -> None:  # noqa: ANN001
+    """After the first token, silence longer than the stall clock from a worker that still holds
+    its lease (frozen: SIGSTOP, with a long lease) ends the stream with ``worker_stalled``."""
+    s = Stack(redis_url=redis_server.url, namespace=f"stop{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
+              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_FRONTEND__STALL_TIMEOUT_S": "2"})
+    try:
+        s.start_worker("w1", SLUICE_WORKER__LEASE_TTL_S="60")
+        s.start_frontend()
+        s.wait_ready(MODEL, workers=1)
+        client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="x", max_retries=0, timeout=60)
+        it = iter(_chat(client, "w1", 4000))
+        next(it)
+        s.signal("w1", signal.SIGSTOP)
+        try:
+            with pytest.raises(openai.APIError, match="no tokens from the worker"):
+                for _ in it:
+                    pass
+        finally:
+            s.signal("w1", signal.SIGCONT)
+    finally:
+        s.stop()
