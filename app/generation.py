@@ -36,6 +36,7 @@ from core.errors import (
     ContextLengthExceeded,
     InvalidRequest,
     NoWorkerAvailable,
+    Overloaded,
     SluiceError,
     StreamStalled,
     UpstreamError,
@@ -116,6 +117,8 @@ class Generation:
         self._lost: list[str] = []
         self._migrations = 0
         self._awaiting_first = True
+        #: The worker this request counts against in admission control until its first token.
+        self._waiting_on: str | None = None
         self._stream: RequestStream | None = None
         self._t0 = time.monotonic()
         self._wall0 = time.time()
@@ -142,6 +145,12 @@ class Generation:
             workers = [w for w in workers if w.record.worker_id == spec.overrides.worker_id]
             if not workers:
                 raise NoWorkerAvailable(f"worker {spec.overrides.worker_id!r} is not serving {spec.model!r}")
+        try:
+            workers = rt.admission.admit(spec.model, workers)
+        except Overloaded:
+            rt.metrics.admission_refusals.labels(spec.model).inc()
+            raise
+        prefill_workers = rt.admission.open_workers(prefill_workers)
         policy = rt.policy(mode)
         disagg = self._disagg_mode()
         payload = GenerateRequest(request_id=self.request_id, model=spec.model, token_ids=spec.prompt_token_ids,
@@ -186,6 +195,7 @@ class Generation:
         self.worker_id = decision.worker_id
         if stream.worker_id is None:
             stream.worker_id = decision.worker_id
+        self._wait_on(stream.worker_id)
         self.pool = workers[0].record.pool
 
     @property
@@ -259,6 +269,7 @@ class Generation:
                     self._t_first = time.monotonic()
                 if self._awaiting_first:
                     self._awaiting_first = False
+                    self._wait_on(None)
                     self._policy.prefill_done(self._wire_id)
                     self._policy.release(self._prefill_key)  # the prefill worker is done with it
                 self._generated.extend(token_ids)
@@ -316,6 +327,7 @@ class Generation:
         if lost and lost not in self._lost:
             self._lost.append(lost)
         old = self._wire_id
+        self._wait_on(None)
         rt.hub.discard(old)
         self._policy.release(old)
         self._policy.release(self._prefill_key)
@@ -330,6 +342,7 @@ class Generation:
                                       encode_control(ControlCommand("kv_release", old))))
         workers = [w for w in rt.directory.by_model.get(spec.model, ())
                    if w.record.pool != "prefill" and w.record.worker_id not in self._lost]
+        workers = rt.admission.open_workers(workers) or workers  # admitted already: it is not refused
         pinned = [w for w in workers if w.record.worker_id == spec.overrides.worker_id]
         if not workers:
             self._done = True
@@ -361,9 +374,18 @@ class Generation:
             raise UpstreamError(f"worker {lost} stopped responding and the request could not be moved: {exc}",
                                 code="worker_lost") from exc
         stream.worker_id = self.worker_id = decision.worker_id
+        self._wait_on(decision.worker_id)
         rt.metrics.migrations.labels(spec.model).inc()
         log.warning("request %s: worker %s lost after %d tokens; continuing on %s",
                     self.request_id, lost, carried, decision.worker_id)
+
+    def _wait_on(self, worker_id: str | None) -> None:
+        """Count the request against ``worker_id`` in admission control (None: against none)."""
+        if self._waiting_on is not None:
+            self.rt.admission.remove(self._waiting_on)
+        self._waiting_on = worker_id
+        if worker_id is not None:
+            self.rt.admission.add(worker_id)
 
     @property
     def served_by(self) -> str | None:
@@ -394,6 +416,7 @@ class Generation:
             if self.error_type is None and self.finish_reason is None:
                 self.error_type = "cancelled"
             self._cancel_on_worker()
+        self._wait_on(None)
         self.rt.hub.discard(self._wire_id)
         self._policy.release(self._wire_id)
         self._policy.release(self._prefill_key)

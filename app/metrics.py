@@ -26,6 +26,9 @@ class FrontendMetrics:
         self.in_flight = Gauge("sluice_requests_in_flight", "Requests being served", registry=r)
         self.migrations = Counter("sluice_request_migrations_total",
                                   "Requests moved to another worker after theirs was lost", ["model"], registry=r)
+        self.admission_refusals = Counter("sluice_admission_refusals_total",
+                                          "Requests refused because every worker had its bound waiting", ["model"],
+                                          registry=r)
         self.live_workers = Gauge("sluice_live_workers", "Workers with a live lease", ["model"], registry=r)
 
     def observe_finished(self, model: str, finish_reason: str | None, error_type: str | None,

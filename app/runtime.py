@@ -13,6 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from app.accounts.service import Accounts
+from app.admission import Admission
 from app.directory import WorkerDirectory
 from app.enqueue import Enqueuer
 from app.metrics import FrontendMetrics
@@ -39,6 +40,7 @@ class FrontendRuntime:
         self.redis = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
             s.redis.url, max_connections=64, timeout=10))
         self.enqueuer = Enqueuer(self.redis)
+        self.admission = Admission(s.frontend.max_waiting_per_worker, s.frontend.overload_retry_after_s)
         self.registry = Registry(self.redis, self.keys)
         self.hub = StreamHub(self.redis, self.keys.token_channel(self.frontend_id))
         await self.hub.start()

@@ -60,6 +60,18 @@ class NoWorkerAvailable(SluiceError):
     code = "no_worker_available"
 
 
+class Overloaded(SluiceError):
+    """Every worker that could serve the request has as many waiting as admission control allows."""
+
+    status_code = 503
+    type = "service_unavailable"
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int, **kw: str | None) -> None:
+        super().__init__(message, **kw)
+        self.retry_after_s = retry_after_s
+
+
 class UpstreamError(SluiceError):
     """The engine or worker failed while serving the request."""
 

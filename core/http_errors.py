@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from core.errors import RateLimited, SluiceError
+from core.errors import SluiceError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,8 @@ def error_response(status: int, message: str, type_: str, param: str | None = No
 
 async def _sluice_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, SluiceError)
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, RateLimited) else None
+    retry_after = getattr(exc, "retry_after_s", None)  # rate limits, overload
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return error_response(exc.status_code, exc.message, exc.type, exc.param, exc.code, headers)
 
 

@@ -131,6 +131,10 @@ class FrontendSettings(BaseModel):
     #: How many times one request may move to another worker after its worker was lost (its lease
     #: expired), continuing from the tokens already streamed; 0 turns migration off.
     max_migrations: int = Field(3, ge=0)
+    #: Admission control (app/admission.py): at most this many requests routed by this frontend
+    #: waiting for their first token per worker; beyond it, 503 with Retry-After. 0: no bound.
+    max_waiting_per_worker: int = Field(256, ge=0)
+    overload_retry_after_s: int = Field(1, ge=1)
 
 
 class AccountsSettings(BaseModel):

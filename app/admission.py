@@ -1,0 +1,51 @@
+"""Admission control: a bound on the requests each worker has waiting for their first token.
+
+Every request this frontend routes counts against its worker until the worker's first token for it
+(or its end); a worker at ``frontend.max_waiting_per_worker`` is taken out of routing, and a request
+finds every candidate worker at the bound is refused at once with 503 and ``Retry-After`` (OpenAI's
+answer when its engine is overloaded) instead of queueing behind them for as long as its deadline.
+The count is this frontend's own view (exact with one frontend; each of N frontends bounds its share).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+
+from core.errors import Overloaded
+from router.registry import LiveWorker
+
+
+class Admission:
+    def __init__(self, max_waiting_per_worker: int, retry_after_s: int) -> None:
+        self.max_waiting = max_waiting_per_worker
+        self.retry_after_s = retry_after_s
+        self._waiting: collections.Counter[str] = collections.Counter()
+
+    def open_workers(self, workers: Sequence[LiveWorker]) -> list[LiveWorker]:
+        """The workers below the bound (all of them when admission control is off)."""
+        if self.max_waiting <= 0:
+            return list(workers)
+        return [w for w in workers if self._waiting[w.record.worker_id] < self.max_waiting]
+
+    def admit(self, model: str, workers: Sequence[LiveWorker]) -> list[LiveWorker]:
+        """The workers a new request may go to; Overloaded when every one is at the bound."""
+        open_ = self.open_workers(workers)
+        if workers and not open_:
+            raise Overloaded(
+                f"every worker serving {model!r} has {self.max_waiting} requests waiting for their first token; "
+                f"retry in {self.retry_after_s} s", retry_after_s=self.retry_after_s)
+        return open_
+
+    def waiting(self, worker_id: str) -> int:
+        return self._waiting[worker_id]
+
+    def add(self, worker_id: str) -> None:
+        self._waiting[worker_id] += 1
+
+    def remove(self, worker_id: str) -> None:
+        left = self._waiting[worker_id] - 1
+        if left > 0:
+            self._waiting[worker_id] = left
+        else:
+            del self._waiting[worker_id]
