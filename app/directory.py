@@ -32,7 +32,10 @@ class WorkerDirectory:
         self._registry = registry
         self._hub = hub
         self._on_reap = on_reap
+        #: Workers that take requests (live, not draining), by model: what routing picks from.
         self.by_model: dict[str, list[LiveWorker]] = {}
+        #: Every worker with a live lease, draining ones included (their streams go on).
+        self.alive: set[str] = set()
         self._known_models: set[str] = {default_model}
         self._cards: dict[str, asyncio.Future[ModelCard]] = {}
         self._last_reap = 0.0
@@ -53,12 +56,14 @@ class WorkerDirectory:
         live = await self._registry.live_workers()
         by_model: dict[str, list[LiveWorker]] = {}
         for w in live:
+            if w.load.draining:
+                continue
             by_model.setdefault(w.record.model, []).append(w)
             if w.record.model not in self._cards:
                 self._load_card(w)
         self.by_model = by_model
         self._known_models.update(by_model)
-        alive = {w.record.worker_id for w in live}
+        self.alive = alive = {w.record.worker_id for w in live}
         for stream in self._hub.streams_of_workers(self._hub.active_workers() - alive):
             stream.fail("worker_lost", f"worker {stream.worker_id} stopped responding (its lease expired)")
         now = time.monotonic()

@@ -308,12 +308,12 @@ class Generation:
         takes minutes on a CPU) or has it queued. Silence then is not a stall; a dead worker is
         noticed by its lease, and the deadline still holds."""
         worker = self._stream.worker_id if self._stream else None
-        return self._awaiting_first and worker is not None and any(
-            w.record.worker_id == worker for w in self.rt.directory.by_model.get(self.spec.model, ()))
+        return self._awaiting_first and worker is not None and worker in self.rt.directory.alive
 
     def _worker_lost(self, last: TokenDelta) -> bool:
-        """The serving worker was lost before the request ended, and the request may move on."""
-        return (last.error is not None and last.error.type == "worker_lost"
+        """The serving worker was lost (or, draining, refused the request) before the request ended,
+        and the request may move on."""
+        return (last.error is not None and last.error.type in ("worker_lost", "worker_draining")
                 and self._migrations < self.rt.settings.frontend.max_migrations
                 and len(self._generated) < self.spec.sampling.max_tokens)
 

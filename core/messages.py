@@ -91,8 +91,8 @@ class ControlCommand(msgspec.Struct, frozen=True, omit_defaults=True):
 
     ``cancel`` aborts ``request_id`` (remembered if its task has not started yet); ``clear_kv``
     drops the engine's unused cached blocks; ``kv_release`` (decode worker to prefill worker) says
-    the blocks held for ``request_id``'s transfer may go. ``drain`` is part of the wire format but not yet acted
-    on: a worker that receives it ignores it and keeps taking tasks.
+    the blocks held for ``request_id``'s transfer may go. ``drain`` is part of the wire format but not acted
+    on (a worker drains on SIGTERM, workers/signals.py).
     """
 
     op: Literal["cancel", "clear_kv", "drain", "kv_release"]

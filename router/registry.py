@@ -55,6 +55,8 @@ class WorkerLoad:
     active_blocks: int = 0
     total_blocks: int = 0
     updated_at: float = 0.0
+    #: Shutting down: it finishes what it runs and takes nothing new (routers leave it out).
+    draining: bool = False
 
     @property
     def kv_usage(self) -> float:

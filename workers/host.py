@@ -82,6 +82,7 @@ class EngineHost:
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
         self._background: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._draining = False
 
     # ---- lifecycle (called from the Celery main thread) -------------------------------------
     def start(self) -> None:
@@ -92,6 +93,10 @@ class EngineHost:
     def go_live(self) -> None:
         """Register under a lease and start heartbeating: from now on routers may pick this worker."""
         self._call(self._go_live())
+
+    def drain(self) -> None:
+        """Stop taking requests (called in Celery's signal handler: schedules, does not wait)."""
+        asyncio.run_coroutine_threadsafe(self._drain(), self._loop)
 
     def stop(self) -> None:
         if self._stopping:
@@ -143,7 +148,16 @@ class EngineHost:
         )
 
     def _load(self) -> WorkerLoad:
-        return replace(self.engine.load(), updated_at=time.time())
+        return replace(self.engine.load(), updated_at=time.time(), draining=self._draining)
+
+    async def _drain(self) -> None:
+        """Say ``draining`` in the load record now, not at the next heartbeat."""
+        self._draining = True
+        log.info("worker %s draining: finishing %d running request(s), taking no new one",
+                 self.identity.worker_id, len(self._running))
+        if self.record is not None:
+            with contextlib.suppress(Exception):
+                await self.registry.heartbeat(self.record, self._load(), self.settings.worker.lease_ttl_s)
 
     async def _go_live(self) -> None:
         self.record = await self.registry.register(self._make_record(), self._load(), self.settings.worker.lease_ttl_s)
@@ -213,6 +227,11 @@ class EngineHost:
             self._early_cancels.pop(req.request_id, None)
             self._release_remote(req)
             self._send(req, TokenDelta(req.request_id, seq, finish_reason="abort", worker_id=wid))
+            return
+        if self._draining:  # the frontend moves it to another worker
+            self._release_remote(req)
+            self._send(req, TokenDelta(req.request_id, seq, worker_id=wid, error=ErrorInfo(
+                "worker_draining", f"worker {wid} is shutting down and takes no new request")))
             return
         if started_at > req.deadline:
             self._release_remote(req)

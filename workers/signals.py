@@ -4,6 +4,9 @@
   is set), consume the pool queue and the worker's own queue, start the engine host (loading the
   model). A worker whose engine cannot start exits with a clear message and never registers.
 * ``worker_ready``: the consumer is up, so register under a lease (routers may now pick us).
+* ``worker_shutting_down`` (SIGTERM: Celery's warm shutdown begins): drain. The load record says
+  ``draining`` at once, so routers stop picking the worker; what runs finishes; a task that starts
+  now is refused with ``worker_draining`` and its frontend moves it to another worker.
 * ``worker_shutdown``: abort what runs, deregister, stop the engine.
 """
 
@@ -13,7 +16,7 @@ import logging
 import os
 import sys
 
-from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
 
 from core.keys import Keys
 from core.settings import get_settings
@@ -69,6 +72,12 @@ def _start_engine(sender: str, instance, **_: object) -> None:  # type: ignore[n
 def _go_live(**_: object) -> None:
     if RUNTIME.host is not None:
         RUNTIME.host.go_live()
+
+
+@worker_shutting_down.connect
+def _drain(**_: object) -> None:
+    if RUNTIME.host is not None:
+        RUNTIME.host.drain()
 
 
 @worker_shutdown.connect

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+import redis
 
 from sluice.devstack import Stack, wait_until
 from tests.e2e.conftest import MODEL
@@ -120,5 +121,39 @@ def test_a_live_worker_silent_mid_stream_is_a_stall(redis_server, tokenizer_dir)
                     pass
         finally:
             s.signal("w1", signal.SIGCONT)
+    finally:
+        s.stop()
+
+
+def test_a_draining_worker_finishes_its_streams_and_gets_no_new_request(redis_server, tokenizer_dir) -> None:  # noqa: ANN001
+    """SIGTERM (Celery's warm shutdown): the worker says ``draining`` at once, so new requests go to
+    the other worker, and the stream it runs ends normally."""
+    s = Stack(redis_url=redis_server.url, namespace=f"drain{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
+              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1"})
+    try:
+        s.start_worker("leaving")
+        s.start_worker("staying")
+        s.start_frontend()
+        s.wait_ready(MODEL, workers=2)
+        client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="x", max_retries=0, timeout=60)
+        reference = _text(_chat(client, "staying", 600))
+        it = iter(_chat(client, "leaving", 600))
+        head = [next(it) for _ in range(3)]
+        s.signal("leaving", signal.SIGTERM)
+        r = redis.Redis.from_url(redis_server.url)
+        try:
+            wait_until(lambda: r.hget(f"sluice:{s.namespace}:load:leaving", "draining") == b"True", 5,
+                       "the leaving worker to say it drains")
+        finally:
+            r.close()
+        wait_until(lambda: s.ready_workers().get(MODEL) == 1, 5, "/ready to count the draining worker out")
+        for _ in range(6):  # every new request goes to the staying worker
+            resp = httpx.post(f"{s.base_url}/v1/completions", timeout=30,
+                              json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+            assert resp.status_code == 200 and resp.headers["x-sluice-worker"] == "staying"
+        assert _text([*head, *it]) == reference  # the draining worker's stream ended normally
+        metrics = httpx.get(f"{s.base_url}/metrics", timeout=10).text
+        assert "sluice_request_migrations_total{" not in metrics, "a stream was moved off the draining worker"
+        s.procs["leaving"].popen.wait(30)
     finally:
         s.stop()
