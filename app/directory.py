@@ -36,6 +36,8 @@ class WorkerDirectory:
         self.by_model: dict[str, list[LiveWorker]] = {}
         #: Every worker with a live lease, draining ones included (their streams go on).
         self.alive: set[str] = set()
+        #: When the last refresh succeeded (monotonic): how current the snapshot is.
+        self.refreshed_at = 0.0
         self._known_models: set[str] = {default_model}
         self._cards: dict[str, asyncio.Future[ModelCard]] = {}
         self._last_reap = 0.0
@@ -64,6 +66,7 @@ class WorkerDirectory:
         self.by_model = by_model
         self._known_models.update(by_model)
         self.alive = alive = {w.record.worker_id for w in live}
+        self.refreshed_at = time.monotonic()
         for stream in self._hub.streams_of_workers(self._hub.active_workers() - alive):
             stream.fail("worker_lost", f"worker {stream.worker_id} stopped responding (its lease expired)")
         now = time.monotonic()
@@ -97,6 +100,10 @@ class WorkerDirectory:
         self._card_loads.spawn(load())
 
     # ---- the request path -------------------------------------------------------------------
+    def stale(self, limit_s: float) -> bool:
+        """The snapshot is older than ``limit_s``: Redis has not answered a refresh since."""
+        return time.monotonic() - self.refreshed_at > limit_s
+
     def workers_for(self, model: str) -> list[LiveWorker]:
         workers = self.by_model.get(model)
         if workers:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import msgspec
+import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -82,6 +83,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None, code)
 
 
+#: What a client is told to wait before retrying while Redis (the request plane) is unreachable.
+REDIS_RETRY_AFTER_S = 2
+
+
+async def _redis_unavailable(request: Request, exc: Exception) -> Response:
+    """Redis (queues, routing index, token streams) cannot be reached: the platform is briefly
+    unavailable, not broken. 503 with Retry-After; nothing was admitted."""
+    log.warning("redis unreachable on %s: %r", request.url.path, exc)
+    return error_response(503, "the request plane (Redis) is unreachable; retry shortly", "service_unavailable",
+                          None, "redis_unavailable", {"Retry-After": str(REDIS_RETRY_AFTER_S)})
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s", request.url.path, exc_info=exc)
     return error_response(500, "internal error", "internal_error", None, None)
@@ -91,4 +104,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(SluiceError, _sluice_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(redis.exceptions.ConnectionError, _redis_unavailable)  # TimeoutError too
+    app.add_exception_handler(redis.exceptions.TimeoutError, _redis_unavailable)
     app.add_exception_handler(Exception, _unexpected)

@@ -41,6 +41,7 @@ import redis.asyncio as aioredis
 
 from core.errors import SluiceError
 from core.keys import Keys
+from core.loops import BackgroundLoop, Backoff
 from core.messages import (
     ControlCommand,
     ErrorInfo,
@@ -83,6 +84,7 @@ class EngineHost:
         self._background: list[asyncio.Task[None]] = []
         self._stopping = False
         self._draining = False
+        self._control: BackgroundLoop | None = None
 
     # ---- lifecycle (called from the Celery main thread) -------------------------------------
     def start(self) -> None:
@@ -162,13 +164,11 @@ class EngineHost:
     async def _go_live(self) -> None:
         self.record = await self.registry.register(self._make_record(), self._load(), self.settings.worker.lease_ttl_s)
         await self._publish_kv_state(self.record.slot)
-        self._pubsub = self.redis.pubsub()
-        await self._pubsub.subscribe(self.keys.control_channel(self.identity.worker_id), self.keys.control_broadcast)
+        self._control = BackgroundLoop("control-channel", self._control_session, backoff=Backoff(first_s=0.2))
+        self._control.start()
+        self._control.wake()
         loop = asyncio.get_running_loop()
-        self._background = [
-            loop.create_task(self._heartbeat(), name="heartbeat"),
-            loop.create_task(self._listen_control(), name="control"),
-        ]
+        self._background = [loop.create_task(self._heartbeat(), name="heartbeat")]
         log.info("worker %s live on queues %s, %s (slot %d)", self.identity.worker_id,
                  self.identity.queue, self.identity.pool_queue, self.record.slot)
 
@@ -185,21 +185,21 @@ class EngineHost:
             except Exception:  # noqa: BLE001 - keep heartbeating through Redis hiccups
                 log.exception("heartbeat failed")
 
-    async def _listen_control(self) -> None:
-        while True:
-            try:
-                async for message in self._pubsub.listen():
-                    if message["type"] == "message":
-                        await self._on_control(decode_control(message["data"]))
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - resubscribe after a Redis hiccup
-                log.exception("control channel failed; resubscribing")
-                await asyncio.sleep(0.5)
-                with contextlib.suppress(Exception):
-                    self._pubsub = self.redis.pubsub()
-                    await self._pubsub.subscribe(self.keys.control_channel(self.identity.worker_id),
-                                                 self.keys.control_broadcast)
+    async def _control_session(self) -> None:
+        """One connection's life on the control channels: subscribe, then act on commands until the
+        connection fails. The BackgroundLoop running it pauses (growing while Redis stays away)
+        before the next session, so a dead connection cannot spin the engine's event loop."""
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.keys.control_channel(self.identity.worker_id), self.keys.control_broadcast)
+            self._control.reset_backoff()
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                if message is not None and message["type"] == "message":
+                    await self._on_control(decode_control(message["data"]))
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
 
     async def _on_control(self, cmd: ControlCommand) -> None:
         if cmd.op == "cancel" and cmd.request_id:
@@ -311,6 +311,8 @@ class EngineHost:
     async def _stop(self) -> None:
         for task in self._background:
             task.cancel()
+        if self._control is not None:
+            await self._control.stop()
         for request_id in list(self._running):
             with contextlib.suppress(Exception):
                 await self.engine.abort(request_id)

@@ -18,8 +18,15 @@ async def health() -> Response:
     return JSONResponse({"status": "ok"})
 
 
+#: The worker snapshot is refreshed every 250 ms; older than this, Redis is not answering.
+STALE_SNAPSHOT_S = 2.0
+
+
 @router.get("/ready")
 async def ready(rt: RuntimeDep) -> Response:
+    if rt.directory.stale(STALE_SNAPSHOT_S):
+        return JSONResponse({"ready": False, "reason": "the request plane (Redis) is unreachable"}, status_code=503,
+                            headers={"Retry-After": "2"})
     served = rt.directory.served_models()
     known = sorted(rt.directory.known_models())
     models = {m: len(served.get(m, [])) for m in known}

@@ -1,0 +1,96 @@
+"""Redis restarts under a running mocker stack (its own private Redis, which keeps nothing on disk):
+requests during the outage get 503 with Retry-After, never a 500; streams in flight end with an
+error event; once Redis is back, the workers register again by themselves, serve, and rebuild the
+prefix index; no process spins while Redis is away."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sluice.devstack import RedisServer, Stack, wait_until
+from tests.e2e.conftest import MODEL
+from tests.e2e.disagg_support import LONG
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its children that it waited for, from /proc."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _complete(base_url: str, prompt: str) -> httpx.Response:
+    return httpx.post(f"{base_url}/v1/completions", timeout=30,
+                      json={"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0})
+
+
+def test_the_platform_survives_a_redis_restart(own_redis: RedisServer, tokenizer_dir) -> None:  # noqa: ANN001
+    s = Stack(redis_url=own_redis.url, namespace=f"rr{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
+              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1"})
+    try:
+        s.start_worker("w1")
+        s.start_worker("w2")
+        s.start_frontend()
+        s.wait_ready(MODEL, workers=2)
+        assert _complete(s.base_url, LONG).status_code == 200
+
+        # Streams in flight when Redis goes: each ends (an error event), none hangs.
+        ended: list[str] = []
+
+        def stream() -> None:
+            body = {"model": MODEL, "prompt": "Tell me everything.", "max_tokens": 20000, "ignore_eos": True,
+                    "stream": True}
+            with httpx.stream("POST", f"{s.base_url}/v1/completions", json=body, timeout=60) as resp:
+                last = ""
+                for line in resp.iter_lines():
+                    last = line or last
+                ended.append(last)
+        streams = [threading.Thread(target=stream) for _ in range(4)]
+        for t in streams:
+            t.start()
+        wait_until(lambda: s.ready_workers().get(MODEL) == 2, 5, "streams to start")
+        time.sleep(0.5)  # let the streams produce tokens
+        own_redis._halt()
+
+        # During the outage: 503 with Retry-After, never a 500, and /ready says not ready.
+        for t in streams:
+            t.join(30)
+        assert len(ended) == 4 and all('"error"' in line or line == "data: [DONE]" for line in ended), ended
+        outage = _complete(s.base_url, "hello")
+        assert outage.status_code == 503, outage.text
+        assert outage.headers.get("retry-after") and outage.json()["error"]["code"] == "redis_unavailable"
+        wait_until(lambda: httpx.get(f"{s.base_url}/ready", timeout=5).status_code == 503, 5,
+                   "/ready to say not ready")
+        pids = [s.procs[w].popen.pid for w in ("w1", "w2")]
+        before = [_cpu_seconds(p) for p in pids]
+        time.sleep(2.0)
+        used = [_cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
+        assert all(u < 0.5 for u in used), f"workers busy while Redis is away: {used} CPU s in 2 s"
+
+        own_redis.start()  # the same port, no keys
+        back = time.monotonic()
+        wait_until(lambda: s.ready_workers().get(MODEL) == 2, 30, "both workers registered again")
+        wait_until(lambda: _complete(s.base_url, "hello again").status_code == 200, 30, "a request served again")
+        recovered_s = time.monotonic() - back
+
+        # The prefix index was rebuilt: a repeated long prompt finds its cached blocks again.
+        def cached() -> bool:
+            usage = _complete(s.base_url, LONG + " again").json()["usage"]
+            return usage["prompt_tokens_details"]["cached_tokens"] > 1000
+        wait_until(cached, 30, "the repeated prompt to be routed to its cached blocks")
+        print(f"served again {recovered_s:.2f} s after Redis came back")
+    finally:
+        s.stop()
