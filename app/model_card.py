@@ -45,9 +45,6 @@ class ModelCard:
     chat_template: jinja2.Template | None
     created: int = 0
     special_ids: frozenset[int] = field(default_factory=frozenset)
-    #: The most characters one token can stand for (an upper bound, from the vocabulary): a text
-    #: longer than ``context_length`` times this cannot fit the context, whatever it says.
-    max_token_chars: int = 64
 
     @classmethod
     def load(cls, name: str, path: Path, created: int = 0, context_length: int | None = None) -> ModelCard:
@@ -69,8 +66,7 @@ class ModelCard:
         special = frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
         return cls(name=name, path=path, tokenizer=tokenizer, context_length=context, eos_token_ids=eos_ids,
                    bos_token=_token_text(tok_cfg.get("bos_token")), eos_token=_token_text(tok_cfg.get("eos_token")),
-                   chat_template=template, created=created, special_ids=special,
-                   max_token_chars=max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=64))
+                   chat_template=template, created=created, special_ids=special)
 
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         if self.chat_template is None:

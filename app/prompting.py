@@ -6,19 +6,13 @@ import asyncio
 
 from app.model_card import ModelCard
 from app.protocol.chat import ChatCompletionRequest
-from core.errors import ContextLengthExceeded, InvalidRequest
+from core.errors import InvalidRequest
 
 #: Inputs longer than this (characters) are tokenized in a thread, off the event loop.
 _INLINE_TOKENIZE_MAX_CHARS = 16_384
 
 
-async def _encode(card: ModelCard, text: str, add_special_tokens: bool, param: str) -> list[int]:
-    # Refused before tokenizing: a text this long cannot fit, and tokenizing megabytes holds the
-    # GIL for seconds (every other request of the process would wait).
-    if len(text) > card.context_length * card.max_token_chars:
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {card.context_length} tokens; the prompt has "
-            f"{len(text)} characters, more than that many tokens can hold.", param=param)
+async def _encode(card: ModelCard, text: str, add_special_tokens: bool) -> list[int]:
     if len(text) <= _INLINE_TOKENIZE_MAX_CHARS:
         return card.encode(text, add_special_tokens=add_special_tokens)
     return await asyncio.to_thread(card.encode, text, add_special_tokens=add_special_tokens)
@@ -27,12 +21,12 @@ async def _encode(card: ModelCard, text: str, add_special_tokens: bool, param: s
 async def chat_prompt_ids(card: ModelCard, body: ChatCompletionRequest) -> list[int]:
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     text = card.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
-    return await _encode(card, text, add_special_tokens=False, param="messages")
+    return await _encode(card, text, add_special_tokens=False)
 
 
 async def completion_prompt_ids(card: ModelCard, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
-        ids = await _encode(card, prompt, add_special_tokens=True, param="prompt")
+        ids = await _encode(card, prompt, add_special_tokens=True)
     else:
         vocab = card.tokenizer.get_vocab_size(with_added_tokens=True)
         if any(t >= vocab for t in prompt):

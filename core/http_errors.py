@@ -79,10 +79,8 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
-    code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
-    # Starlette's 405 names the allowed methods in its headers (Allow): keep them.
-    return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None, code,
-                          dict(exc.headers) if exc.headers else None)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None, code)
 
 
 #: What a client is told to wait before retrying while Redis (the request plane) is unreachable.

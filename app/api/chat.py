@@ -7,7 +7,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.api.deps import CallerDep, RuntimeDep
-from app.api.openapi_errors import GENERATION_ERRORS
 from app.api.serving import Endpoint, serve
 from app.model_card import ModelCard
 from app.prompting import chat_prompt_ids
@@ -49,7 +48,7 @@ class Chat(Endpoint):
         return ChatChoice(0, ResponseMessage("assistant", text), finish_reason)
 
 
-@router.post("/v1/chat/completions", responses=GENERATION_ERRORS)
+@router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, rt: RuntimeDep,
                            principal: CallerDep) -> Response:
     return await serve(rt, request, body, principal, Chat)

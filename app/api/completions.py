@@ -7,7 +7,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.api.deps import CallerDep, RuntimeDep
-from app.api.openapi_errors import GENERATION_ERRORS
 from app.api.serving import Endpoint, serve
 from app.model_card import ModelCard
 from app.prompting import completion_prompt_ids
@@ -50,6 +49,6 @@ class Completions(Endpoint):
         return CompletionChoice(0, self.echo + text, finish_reason)
 
 
-@router.post("/v1/completions", responses=GENERATION_ERRORS)
+@router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, rt: RuntimeDep, principal: CallerDep) -> Response:
     return await serve(rt, request, body, principal, Completions)

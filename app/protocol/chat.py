@@ -5,21 +5,21 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.protocol.common import SamplingFields, Text, TokenCount, UsageInfo
+from app.protocol.common import SamplingFields, UsageInfo
 
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: Text
+    text: str
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None
-    name: Text | None = None
+    content: str | list[TextPart] | None = None
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -31,13 +31,13 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: TokenCount | None = None
-    max_completion_tokens: TokenCount | None = None
-    logprobs: StrictBool | None = None
-    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
-    add_generation_prompt: StrictBool = True
+    add_generation_prompt: bool = True
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:

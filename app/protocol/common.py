@@ -5,34 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP_STRINGS = 16
-#: Integers the engines and the wire (msgpack, int64) can carry: seeds are signed 64-bit (what
-#: torch's generators take), token ids and token counts 31-bit.
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-INT31_MAX = 2**31 - 1
-
-
-def _valid_unicode(text: str) -> str:
-    """JSON can spell a lone UTF-16 surrogate (``"\\ud800"``); no tokenizer can encode it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("the text is not valid Unicode (it holds a lone surrogate)") from None
-    return text
-
-
-#: Client text: any string that is valid Unicode.
-Text = Annotated[str, AfterValidator(_valid_unicode)]
-#: A token id, and a token count (no JSON booleans or floats pass as integers).
-TokenId = Annotated[StrictInt, Field(ge=0, le=INT31_MAX)]
-TokenCount = Annotated[StrictInt, Field(ge=1, le=INT31_MAX)]
 
 
 class StreamOptions(BaseModel):
-    include_usage: StrictBool = False
-    continuous_usage_stats: StrictBool = False
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class RouterExtension(BaseModel):
@@ -61,18 +41,18 @@ class SamplingFields(BaseModel):
     model: str = Field(min_length=1)
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=128)] = 1
-    stream: StrictBool = False
+    n: Annotated[int, Field(ge=1, le=128)] = 1
+    stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: Text | list[Text] | None = None
-    seed: Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    user: Text | None = None
+    user: str | None = None
     # vLLM-style extensions
-    ignore_eos: StrictBool = False
-    min_tokens: Annotated[StrictInt, Field(ge=0, le=INT31_MAX)] = 0
-    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     sluice: SluiceExtension | None = None
 
     @field_validator("stop")

@@ -5,18 +5,18 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-from pydantic import Field, StrictBool, StrictInt, model_validator
+from pydantic import Field, model_validator
 
-from app.protocol.common import SamplingFields, Text, TokenCount, TokenId, UsageInfo
+from app.protocol.common import SamplingFields, UsageInfo
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
-    max_tokens: TokenCount | None = 16
-    echo: StrictBool = False
-    logprobs: Annotated[StrictInt, Field(ge=0, le=5)] | None = None
-    suffix: Text | None = None
-    best_of: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
+    prompt: str | list[str] | list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]]
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
