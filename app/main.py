@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api.router import api_router
+from app.body_limit import BodySizeLimit
 from app.runtime import FrontendRuntime
 from core.http_errors import install_error_handlers
 from core.settings import Settings, get_settings
@@ -38,5 +39,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="Sluice", version="0.1.0", lifespan=lifespan, **_NO_TELEMETRY)
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.frontend.max_body_bytes)
     app.include_router(api_router)
     return app

@@ -75,10 +75,19 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return error_response(400, msg, "invalid_request_error", param, None)
 
 
+#: The ``code`` of the HTTP errors raised by the web stack itself (routing; app.body_limit's 413).
+_HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def http_exception_response(exc: StarletteHTTPException) -> Response:
+    """An HTTP exception as an OpenAI-shaped response, with its headers (a 405's ``Allow``)."""
+    return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None,
+                          _HTTP_ERROR_CODES.get(exc.status_code), exc.headers)
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None, code)
+    return http_exception_response(exc)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -128,6 +128,8 @@ class FrontendSettings(BaseModel):
     request_timeout_s: float = Field(600.0, gt=0)
     default_max_tokens: int = Field(1024, ge=1)
     max_n: int = Field(1, ge=1)
+    #: Larger request bodies are refused (413) before they are read whole (app/body_limit.py).
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
 
 
 class AccountsSettings(BaseModel):
