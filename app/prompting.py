@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from app.model_card import ModelCard
-from app.protocol.chat import ChatCompletionRequest
+from app.protocol.chat import ChatCompletionRequest, message_text
 from core.errors import InvalidRequest
 
 #: Inputs longer than this (characters) are tokenized in a thread, off the event loop.
@@ -19,7 +19,7 @@ async def _encode(card: ModelCard, text: str, add_special_tokens: bool) -> list[
 
 
 async def chat_prompt_ids(card: ModelCard, body: ChatCompletionRequest) -> list[int]:
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    messages = [{"role": m["role"], "content": message_text(m)} for m in body.messages]
     text = card.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
     return await _encode(card, text, add_special_tokens=False)
 

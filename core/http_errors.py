@@ -35,7 +35,14 @@ _encode = msgspec.json.Encoder().encode
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
-    return _encode(ErrorBody(ErrorDetail(message=message, type=type_, param=param, code=code)))
+    try:
+        return _encode(ErrorBody(ErrorDetail(message=message, type=type_, param=param, code=code)))
+    except UnicodeEncodeError:  # a lone surrogate of the request's, echoed (a key in ``param``): escape it
+        return _encode(ErrorBody(ErrorDetail(*(_escaped(s) for s in (message, type_, param, code)))))  # type: ignore[arg-type]
+
+
+def _escaped(text: str | None) -> str | None:
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode()
 
 
 def error_payload(exc: SluiceError) -> bytes:

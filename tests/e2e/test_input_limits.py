@@ -80,3 +80,70 @@ def test_unknown_route_and_wrong_method(http: httpx.Client) -> None:
     assert_openai_error(r, 405, code="method_not_allowed")
     assert r.headers["allow"] == "POST"
     assert_connection_still_serves(http, r)
+
+
+def raw(body: str) -> bytes:
+    """A JSON body written by hand: ``\\ud800`` escapes reach the server as written."""
+    return body.encode()
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {**GOOD, "seed": 2**70}, "seed"),
+    ("/v1/chat/completions", {**GOOD, "seed": -(2**63) - 1}, "seed"),
+    ("/v1/chat/completions", {**GOOD, "stop_token_ids": [2, 2**70]}, "stop_token_ids.1"),
+    ("/v1/chat/completions", {**GOOD, "max_tokens": 2**70}, "max_tokens"),
+    ("/v1/chat/completions", {**GOOD, "max_completion_tokens": 2**64}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**GOOD, "min_tokens": 2**70}, "min_tokens"),
+    ("/v1/chat/completions", {**GOOD, "n": 2**70}, "n"),
+    ("/v1/chat/completions", {**GOOD, "logit_bias": {str(2**70): 1}}, f"logit_bias.{2**70}.[key]"),
+    ("/v1/chat/completions", {**GOOD, "max_tokens": True}, "max_tokens"),
+    ("/v1/chat/completions", {**GOOD, "stream": "yes"}, "stream"),
+    ("/v1/chat/completions", {**GOOD, "temperature": "0.5"}, "temperature"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 2**70]}, "prompt.token_ids.1"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "seed": 2**64}, "seed"),
+])
+def test_out_of_range_and_mistyped_fields_are_400_naming_the_field(http: httpx.Client, path: str, body: dict,
+                                                                    param: str) -> None:
+    r = http.post(path, json=body)
+    assert_openai_error(r, 400, param=param)
+    assert_connection_still_serves(http, r)
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", '{"model": "smollm2", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+     "messages.0.content"),
+    ("/v1/chat/completions",
+     '{"model": "smollm2", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+     "messages.0.content.parts.0.text"),
+    ("/v1/chat/completions", '{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "stop": "\\ud800"}',
+     "stop"),
+    ("/v1/chat/completions", '{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}', "model"),
+    ("/v1/completions", '{"model": "smollm2", "prompt": "\\ud800"}', "prompt.text"),
+    ("/v1/completions", '{"model": "smollm2", "prompt": ["ok", "\\ud800"]}', "prompt.texts.1"),
+    ("/v1/completions", '{"model": "smollm2", "prompt": "hi", "sluice": {"router": {"\\ud800": 1}}}',
+     "sluice.router"),
+])
+def test_lone_surrogates_are_400(http: httpx.Client, path: str, body: str, param: str) -> None:
+    r = http.post(path, content=raw(body), headers=JSON)
+    assert_openai_error(r, 400, param=param)
+    assert_connection_still_serves(http, r)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "smollm2", "prompt": "\xff\xfe"}',  # not UTF-8
+    b'{"model": "smollm2", "prompt": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # nested too deep
+    b'{"model": "smollm2", "prompt": "hi", "temperature": NaN}',
+    b'[1, 2]',
+    b'null',
+])
+def test_malformed_bodies_are_400(http: httpx.Client, body: bytes) -> None:
+    r = http.post("/v1/completions", content=body, headers=JSON)
+    assert_openai_error(r, 400)
+    assert_connection_still_serves(http, r)
+
+
+@pytest.mark.parametrize("header", ["temperature=nan", "overlap_score_weight=inf", "disagg_min_tokens=inf"])
+def test_non_finite_router_header_numbers_are_400(http: httpx.Client, header: str) -> None:
+    r = http.post("/v1/chat/completions", json=GOOD, headers={"x-sluice-router": header})
+    assert_openai_error(r, 400, param="x-sluice-router")
+    assert_connection_still_serves(http, r)
