@@ -147,3 +147,9 @@ def test_non_finite_router_header_numbers_are_400(http: httpx.Client, header: st
     r = http.post("/v1/chat/completions", json=GOOD, headers={"x-sluice-router": header})
     assert_openai_error(r, 400, param="x-sluice-router")
     assert_connection_still_serves(http, r)
+
+
+def test_a_time_span_past_the_calendar_is_400(http: httpx.Client) -> None:
+    r = http.get("/v1/usage", params={"since": "99999999999d"})
+    assert_openai_error(r, 400, param="since")
+    assert_connection_still_serves(http, r)
