@@ -4,6 +4,10 @@ serves a good request (a 500 or a server-side close would drop it)."""
 
 from __future__ import annotations
 
+import json
+import random
+import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -149,7 +153,47 @@ def test_non_finite_router_header_numbers_are_400(http: httpx.Client, header: st
     assert_connection_still_serves(http, r)
 
 
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x " * 1_500_000}]}, "messages"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x " * 1_500_000}, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x " * 9000}, "prompt"),  # past the tokenizer
+    ("/v1/completions", {"model": MODEL, "prompt": [1] * 9000}, "prompt"),
+])
+def test_prompts_beyond_the_context_are_400(http: httpx.Client, path: str, body: dict, param: str) -> None:
+    r = http.post(path, json=body)
+    assert_openai_error(r, 400, code="context_length_exceeded", param=param)
+    assert_connection_still_serves(http, r)
+
+
 def test_a_time_span_past_the_calendar_is_400(http: httpx.Client) -> None:
     r = http.get("/v1/usage", params={"since": "99999999999d"})
     assert_openai_error(r, 400, param="since")
     assert_connection_still_serves(http, r)
+
+
+def test_a_small_request_is_served_while_a_maximal_prompt_is_tokenized(stack: Stack) -> None:
+    """The largest prompt the frontend tokenizes (as many characters as could fit, each its own
+    tokens: random CJK, about 4 MB of JSON) keeps a tokenizer busy for a second or more; requests
+    sent meanwhile are answered before it."""
+    rng = random.Random(0)
+    content = "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(663_000))
+    big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}]}).encode()
+    assert 0.9 * MAX_BODY < len(big) <= MAX_BODY
+    done: dict[str, float] = {}
+    answer: list[httpx.Response] = []
+
+    def send_big() -> None:
+        with httpx.Client(base_url=stack.base_url, timeout=120) as client:
+            answer.append(client.post("/v1/chat/completions", content=big, headers=JSON))
+        done["big"] = time.monotonic()
+
+    sender = threading.Thread(target=send_big)
+    sender.start()
+    time.sleep(0.2)
+    with httpx.Client(base_url=stack.base_url, timeout=60) as client:
+        small = client.post("/v1/chat/completions", json=GOOD)
+        done["small"] = time.monotonic()
+    sender.join()
+    assert small.status_code == 200, small.text
+    assert_openai_error(answer[0], 400, code="context_length_exceeded", param="messages")
+    assert done["small"] < done["big"], "the small request waited for the big one"
