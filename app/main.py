@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from app.api.openapi import install_openapi
 from app.api.router import api_router
 from app.body_limit import BodySizeLimit
 from app.runtime import FrontendRuntime
@@ -41,4 +42,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.frontend.max_body_bytes)
     app.include_router(api_router)
+    install_openapi(app)
     return app
