@@ -37,7 +37,7 @@ _encode = msgspec.json.Encoder().encode
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
     try:
         return _encode(ErrorBody(ErrorDetail(message=message, type=type_, param=param, code=code)))
-    except UnicodeEncodeError:  # a lone surrogate of the request's, echoed (a key in ``param``): escape it
+    except UnicodeEncodeError:  # a lone surrogate from the request, echoed back: escaped, not a 500
         return _encode(ErrorBody(ErrorDetail(*(_escaped(s) for s in (message, type_, param, code)))))  # type: ignore[arg-type]
 
 
