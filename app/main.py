@@ -11,7 +11,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from app.api.openapi import install_openapi
 from app.api.router import api_router
+from app.body_limit import BodySizeLimit
 from app.runtime import FrontendRuntime
 from core.http_errors import install_error_handlers
 from core.settings import Settings, get_settings
@@ -38,5 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="Sluice", version="0.1.0", lifespan=lifespan, **_NO_TELEMETRY)
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.frontend.max_body_bytes)
     app.include_router(api_router)
+    install_openapi(app)
     return app

@@ -5,7 +5,8 @@ Loaded from the model directory the workers register (``tokenizer.json``,
 exactly the engine's; never from the frontend's own ``SLUICE_MODEL_PATH``. The context length is
 the one the worker registers when given (an engine may serve less than the model's
 ``max_position_embeddings``, e.g. vLLM with ``max_model_len``), else the model config's. Rendering the chat template and tokenizing are pure and cheap for normal
-prompts; callers move very long inputs off the event loop.
+prompts; callers move very long inputs off the event loop (tokenizing releases the GIL meanwhile)
+and refuse text too long to fit before tokenizing it (:attr:`ModelCard.max_prompt_chars`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ class ModelCard:
     chat_template: jinja2.Template | None
     created: int = 0
     special_ids: frozenset[int] = field(default_factory=frozenset)
+    #: The longest vocabulary entry, in characters: no token stands for more characters of text.
+    #: (Byte-level BPE writes a token one character per byte, and a character of text is at least
+    #: one byte; SentencePiece writes a token in the characters it stands for. Added tokens count,
+    #: matched literally. This holds for tokenizers whose normalizer does not delete text, as
+    #: those of generative models do not.)
+    max_token_chars: int = 1
 
     @classmethod
     def load(cls, name: str, path: Path, created: int = 0, context_length: int | None = None) -> ModelCard:
@@ -66,7 +73,15 @@ class ModelCard:
         special = frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
         return cls(name=name, path=path, tokenizer=tokenizer, context_length=context, eos_token_ids=eos_ids,
                    bos_token=_token_text(tok_cfg.get("bos_token")), eos_token=_token_text(tok_cfg.get("eos_token")),
-                   chat_template=template, created=created, special_ids=special)
+                   chat_template=template, created=created, special_ids=special,
+                   max_token_chars=max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1))
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """The most characters a prompt that fits can have: a prompt fits with at most
+        ``context_length - 1`` tokens (one is left to generate), and a text of ``c`` characters has
+        at least ``c / max_token_chars`` tokens. Longer text need not be tokenized to be refused."""
+        return (self.context_length - 1) * self.max_token_chars
 
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         if self.chat_template is None:
@@ -78,7 +93,10 @@ class ModelCard:
             raise InvalidRequest(f"the chat template rejected the messages: {exc}", param="messages") from exc
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        """The token ids of ``text``. Through ``encode_batch``, which gives the same ids as
+        ``encode`` but releases the GIL while it works (``encode`` holds it throughout: a long
+        text tokenized in a worker thread would stall the event loop just the same)."""
+        return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

@@ -1,37 +1,82 @@
-"""Turning API requests into prompt token ids (chat template + tokenizer of the model card)."""
+"""Turning API requests into prompt token ids (chat template + tokenizer of the model card).
+
+A prompt that cannot fit the model's context is refused (400 ``context_length_exceeded``, ``param``
+naming the request's prompt field) as soon as that is known: from its length in characters before
+it is rendered or tokenized (:attr:`ModelCard.max_prompt_chars`), then from its tokens. So the
+work spent on a prompt is bounded by the context, not by the body. Long inputs are rendered and
+tokenized in a worker thread; tokenizing releases the GIL, so the event loop serves other requests
+meanwhile.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import math
 
 from app.model_card import ModelCard
-from app.protocol.chat import ChatCompletionRequest
-from core.errors import InvalidRequest
+from app.protocol.chat import ChatCompletionRequest, message_text
+from core.errors import ContextLengthExceeded, InvalidRequest
 
-#: Inputs longer than this (characters) are tokenized in a thread, off the event loop.
-_INLINE_TOKENIZE_MAX_CHARS = 16_384
+#: Inputs longer than this (characters) are rendered and tokenized in a thread, off the event loop...
+_INLINE_MAX_CHARS = 16_384
+#: ...and so are chats of more messages than this (the template renders each).
+_INLINE_MAX_MESSAGES = 256
+
+CHAT_PARAM = "messages"
+COMPLETION_PARAM = "prompt"
 
 
-async def _encode(card: ModelCard, text: str, add_special_tokens: bool) -> list[int]:
-    if len(text) <= _INLINE_TOKENIZE_MAX_CHARS:
-        return card.encode(text, add_special_tokens=add_special_tokens)
-    return await asyncio.to_thread(card.encode, text, add_special_tokens=add_special_tokens)
+def check_chars(card: ModelCard, chars: int, param: str) -> None:
+    """Refuse text of ``chars`` characters that has too many tokens whatever they are."""
+    if chars > card.max_prompt_chars:
+        at_least = math.ceil(chars / card.max_token_chars)
+        raise ContextLengthExceeded(f"This model's maximum context length is {card.context_length} tokens; "
+                                    f"the prompt has at least {at_least} tokens.", param=param)
+
+
+def check_tokens(card: ModelCard, tokens: int, param: str) -> None:
+    """Refuse a prompt of ``tokens`` tokens that leaves no room to generate (the message
+    app.generation.resolve_max_tokens gives, with the endpoint's ``param``)."""
+    if tokens >= card.context_length:
+        raise ContextLengthExceeded(f"This model's maximum context length is {card.context_length} tokens; "
+                                    f"the prompt has {tokens} tokens.", param=param)
+
+
+def _chat_ids(card: ModelCard, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+    text = card.render_chat(messages, add_generation_prompt=add_generation_prompt)
+    check_chars(card, len(text), CHAT_PARAM)
+    ids = card.encode(text, add_special_tokens=False)
+    check_tokens(card, len(ids), CHAT_PARAM)
+    return ids
+
+
+def _text_ids(card: ModelCard, text: str) -> list[int]:
+    ids = card.encode(text, add_special_tokens=True)
+    if not ids:
+        raise InvalidRequest("the prompt is empty", param=COMPLETION_PARAM)
+    check_tokens(card, len(ids), COMPLETION_PARAM)
+    return ids
 
 
 async def chat_prompt_ids(card: ModelCard, body: ChatCompletionRequest) -> list[int]:
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    text = card.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
-    return await _encode(card, text, add_special_tokens=False)
+    messages = [{"role": m["role"], "content": message_text(m)} for m in body.messages]
+    chars = sum(len(m["content"]) for m in messages)
+    check_chars(card, chars, CHAT_PARAM)
+    if chars <= _INLINE_MAX_CHARS and len(messages) <= _INLINE_MAX_MESSAGES:
+        return _chat_ids(card, messages, body.add_generation_prompt)
+    return await asyncio.to_thread(_chat_ids, card, messages, body.add_generation_prompt)
 
 
 async def completion_prompt_ids(card: ModelCard, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
-        ids = await _encode(card, prompt, add_special_tokens=True)
-    else:
-        vocab = card.tokenizer.get_vocab_size(with_added_tokens=True)
-        if any(t >= vocab for t in prompt):
-            raise InvalidRequest(f"prompt token ids must be below the vocabulary size {vocab}", param="prompt")
-        ids = prompt
-    if not ids:
-        raise InvalidRequest("the prompt is empty", param="prompt")
-    return ids
+        check_chars(card, len(prompt), COMPLETION_PARAM)
+        if len(prompt) <= _INLINE_MAX_CHARS:
+            return _text_ids(card, prompt)
+        return await asyncio.to_thread(_text_ids, card, prompt)
+    if not prompt:
+        raise InvalidRequest("the prompt is empty", param=COMPLETION_PARAM)
+    check_tokens(card, len(prompt), COMPLETION_PARAM)
+    vocab = card.tokenizer.get_vocab_size(with_added_tokens=True)
+    if max(prompt) >= vocab:
+        raise InvalidRequest(f"prompt token ids must be below the vocabulary size {vocab}", param=COMPLETION_PARAM)
+    return prompt

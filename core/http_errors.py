@@ -36,7 +36,14 @@ _encode = msgspec.json.Encoder().encode
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
-    return _encode(ErrorBody(ErrorDetail(message=message, type=type_, param=param, code=code)))
+    try:
+        return _encode(ErrorBody(ErrorDetail(message=message, type=type_, param=param, code=code)))
+    except UnicodeEncodeError:  # a lone surrogate from the request, echoed back: escaped, not a 500
+        return _encode(ErrorBody(ErrorDetail(*(_escaped(s) for s in (message, type_, param, code)))))  # type: ignore[arg-type]
+
+
+def _escaped(text: str | None) -> str | None:
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode()
 
 
 def error_payload(exc: SluiceError) -> bytes:
@@ -77,10 +84,19 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return error_response(400, msg, "invalid_request_error", param, None)
 
 
+#: The ``code`` of the HTTP errors raised by the web stack itself (routing; app.body_limit's 413).
+_HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def http_exception_response(exc: StarletteHTTPException) -> Response:
+    """An HTTP exception as an OpenAI-shaped response, with its headers (a 405's ``Allow``)."""
+    return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None,
+                          _HTTP_ERROR_CODES.get(exc.status_code), exc.headers)
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None, code)
+    return http_exception_response(exc)
 
 
 #: What a client is told to wait before retrying while Redis (the request plane) is unreachable.

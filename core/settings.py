@@ -135,6 +135,8 @@ class FrontendSettings(BaseModel):
     #: waiting for their first token per worker; beyond it, 503 with Retry-After. 0: no bound.
     max_waiting_per_worker: int = Field(256, ge=0)
     overload_retry_after_s: int = Field(1, ge=1)
+    #: Larger request bodies are refused (413) before they are read whole (app/body_limit.py).
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
 
 
 class AccountsSettings(BaseModel):

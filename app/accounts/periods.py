@@ -15,7 +15,10 @@ def parse_since(text: str, now: datetime) -> datetime:
     text = text.strip()
     span = _SPAN_RE.fullmatch(text.lower())
     if span:
-        return now - timedelta(seconds=int(span.group(1)) * _UNITS_S[span.group(2)])
+        try:
+            return now - timedelta(seconds=int(span.group(1)) * _UNITS_S[span.group(2)])
+        except OverflowError:
+            raise ValueError(f"{text!r} reaches back before the year 1") from None
     try:
         instant = datetime.fromisoformat(text)
     except ValueError:

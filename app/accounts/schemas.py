@@ -27,8 +27,9 @@ class KeyCreate(BaseModel):
 
     name: str
     models: list[str] | None = None
-    rpm: PositiveInt | None = Field(None, description="requests per minute")
-    tpm: PositiveInt | None = Field(None, description="prompt + completion tokens per minute")
+    # At most 2**31 - 1: the columns are 32-bit INTEGERs.
+    rpm: PositiveInt | None = Field(None, le=2**31 - 1, description="requests per minute")
+    tpm: PositiveInt | None = Field(None, le=2**31 - 1, description="prompt + completion tokens per minute")
     admin: bool = False
 
     @field_validator("name")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -55,8 +56,8 @@ def parse_router_header(value: str | None) -> dict[str, object]:
                 number = float(raw)
             except ValueError:
                 raise InvalidRequest(f"x-sluice-router: {name} must be a number", param="x-sluice-router") from None
-            if number < 0:
-                raise InvalidRequest(f"x-sluice-router: {name} must be >= 0", param="x-sluice-router")
+            if not math.isfinite(number) or number < 0:
+                raise InvalidRequest(f"x-sluice-router: {name} must be a finite number >= 0", param="x-sluice-router")
             out[name] = number
         else:
             out[name] = raw

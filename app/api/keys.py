@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends
 from app.accounts.schemas import KeyCreate, KeyCreated, KeyInfo, KeyList
 from app.accounts.service import Principal
 from app.api.deps import AccountsDep, CallerDep
+from app.api.openapi import error_responses
 from core.errors import Forbidden
 
 
@@ -31,21 +32,21 @@ AdminDep = Annotated[Principal, Depends(admin_caller)]
 router = APIRouter(prefix="/v1/admin/keys", tags=["admin"])
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=error_responses(400, 401, 403, 413))
 async def create_key(body: KeyCreate, _: AdminDep, accounts: AccountsDep) -> KeyCreated:
     return await accounts.create_key(body)
 
 
-@router.get("")
+@router.get("", responses=error_responses(400, 401, 403))
 async def list_keys(_: AdminDep, accounts: AccountsDep, include_revoked: bool = False) -> KeyList:
     return KeyList(data=await accounts.list_keys(include_revoked=include_revoked))
 
 
-@router.get("/{key_id}")
+@router.get("/{key_id}", responses=error_responses(401, 403, 404))
 async def get_key(key_id: str, _: AdminDep, accounts: AccountsDep) -> KeyInfo:
     return await accounts.key_info(key_id)
 
 
-@router.delete("/{key_id}")
+@router.delete("/{key_id}", responses=error_responses(401, 403, 404))
 async def revoke_key(key_id: str, _: AdminDep, accounts: AccountsDep) -> KeyInfo:
     return await accounts.revoke_key(key_id)

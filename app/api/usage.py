@@ -13,12 +13,13 @@ from fastapi import APIRouter
 from app.accounts.periods import parse_since
 from app.accounts.schemas import UsageReport
 from app.api.deps import AccountsDep, CallerDep
+from app.api.openapi import error_responses
 from core.errors import Forbidden, InvalidRequest
 
 router = APIRouter(tags=["usage"])
 
 
-@router.get("/v1/usage")
+@router.get("/v1/usage", responses=error_responses(400, 401, 403))
 async def usage(principal: CallerDep, accounts: AccountsDep, since: str = "1d",
                 key_id: str | None = None) -> UsageReport:
     try:

@@ -2,42 +2,69 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Strict, Tag, model_validator
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 from app.protocol.common import SamplingFields, UsageInfo
+from app.protocol.fields import Flag, Text, TokenCount, valid_unicode
+
+# Messages and their parts are TypedDicts, not models: validating one is several times cheaper,
+# and a body within the size limit may hold a hundred thousand of them.
 
 
-class TextPart(BaseModel):
+class TextPart(TypedDict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+def _content_shape(content: Any) -> str | None:
+    return "text" if isinstance(content, str) else "parts" if isinstance(content, list) else None
+
+
+def _valid_content(content: str | list[TextPart]) -> str | list[TextPart]:
+    return valid_unicode(content) if isinstance(content, str) else content
+
+
+#: A message's content: a string, or text parts. Only the shape given is validated, so an error
+#: names the part at fault.
+Content = Annotated[
+    Annotated[
+        Annotated[str, Tag("text")] | Annotated[list[TextPart], Tag("parts")],
+        Discriminator(_content_shape, custom_error_type="content_type",
+                      custom_error_message="content must be a string or a list of content parts"),
+    ],
+    AfterValidator(_valid_content),
+]
+
+
+class ChatMessage(TypedDict):
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: NotRequired[Content | None]
+    name: NotRequired[Text | None]
 
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
+
+def message_text(message: ChatMessage) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content)
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
+    logprobs: Flag | None = None
+    top_logprobs: Annotated[int, Strict(), Field(ge=0, le=20)] | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: Flag = True
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:

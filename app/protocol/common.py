@@ -5,27 +5,38 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+
+from app.protocol.fields import (
+    INT32_MAX,
+    Flag,
+    NonEmptyText,
+    Number,
+    Seed,
+    Text,
+    TokenId,
+    valid_unicode,
+)
 
 MAX_STOP_STRINGS = 16
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: Flag = False
+    continuous_usage_stats: Flag = False
 
 
 class RouterExtension(BaseModel):
     """Sluice's per-request routing knobs (also settable with the ``x-sluice-router`` header)."""
 
     model_config = ConfigDict(extra="forbid")
-    mode: str | None = None
-    overlap_score_weight: Annotated[float, Field(ge=0)] | None = None
-    temperature: Annotated[float, Field(ge=0)] | None = None
-    worker_id: str | None = None
+    mode: Text | None = None
+    overlap_score_weight: Annotated[Number, Field(ge=0)] | None = None
+    temperature: Annotated[Number, Field(ge=0)] | None = None
+    worker_id: Text | None = None
     disagg: Literal["auto", "on", "off"] | None = None
-    disagg_min_tokens: Annotated[int, Field(ge=0)] | None = None
-    disagg_min_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    disagg_min_tokens: Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)] | None = None
+    disagg_min_ratio: Annotated[Number, Field(ge=0, le=1)] | None = None
 
 
 class SluiceExtension(BaseModel):
@@ -34,25 +45,28 @@ class SluiceExtension(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """Sampling fields common to both endpoints, with OpenAI's ranges."""
+    """Sampling fields common to both endpoints, with OpenAI's ranges (and types: see
+    app.protocol.fields). ``logit_bias`` is checked but not applied (no engine takes it yet)."""
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(min_length=1)
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    n: Annotated[int, Field(ge=1, le=128)] = 1
-    stream: bool = False
+    model: NonEmptyText
+    temperature: Annotated[Number, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
+    n: Annotated[int, Strict(), Field(ge=1, le=128)] = 1
+    stream: Flag = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    user: str | None = None
+    seed: Seed | None = None
+    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
+    #: Token id (a JSON object key, so a string of digits) to a bias.
+    logit_bias: dict[Annotated[int, Field(ge=0, le=INT32_MAX)], Annotated[Number, Field(ge=-100, le=100)]] | None = None
+    user: Text | None = None
     # vLLM-style extensions
-    ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    ignore_eos: Flag = False
+    min_tokens: Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)] = 0
+    stop_token_ids: list[TokenId] | None = None
     sluice: SluiceExtension | None = None
 
     @field_validator("stop")
@@ -65,7 +79,7 @@ class SamplingFields(BaseModel):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences are allowed")
         if any(s == "" for s in stops):
             raise ValueError("stop sequences must not be empty")
-        return stops
+        return [valid_unicode(s) for s in stops]
 
     def stop_strings(self) -> list[str]:
         return list(self.stop or [])  # type: ignore[arg-type]

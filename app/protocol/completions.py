@@ -2,21 +2,45 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Strict, Tag, model_validator
 
 from app.protocol.common import SamplingFields, UsageInfo
+from app.protocol.fields import Flag, Text, TokenCount, TokenId
+
+
+def _prompt_shape(prompt: Any) -> str | None:
+    """Which of the prompt's shapes ``prompt`` is, told from its type and its first item: only that
+    shape is then validated (a union would try each: for a long list of token ids, a list of
+    strings first, with an error per id)."""
+    if isinstance(prompt, str):
+        return "text"
+    if not isinstance(prompt, list):
+        return None
+    first = prompt[0] if prompt else 0
+    return "texts" if isinstance(first, str) else "token_id_lists" if isinstance(first, list) else "token_ids"
+
+
+Prompt = Annotated[
+    Annotated[Text, Tag("text")]
+    | Annotated[list[Text], Field(min_length=1), Tag("texts")]
+    | Annotated[list[TokenId], Field(min_length=1), Tag("token_ids")]
+    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1), Tag("token_id_lists")],
+    Discriminator(_prompt_shape, custom_error_type="prompt_type",
+                  custom_error_message="prompt must be a string, a list of strings, a list of token ids "
+                                       "or a list of lists of token ids"),
+]
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]]
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
-    echo: bool = False
-    logprobs: int | None = None
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: Prompt
+    max_tokens: TokenCount | None = 16
+    echo: Flag = False
+    logprobs: Annotated[int, Strict(), Field(ge=0, le=5)] | None = None
+    suffix: Text | None = None
+    best_of: Annotated[int, Strict(), Field(ge=1, le=128)] | None = None
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
@@ -26,17 +50,13 @@ class CompletionRequest(SamplingFields):
             raise ValueError("suffix is not supported")
         if self.best_of not in (None, 1, self.n):
             raise ValueError("best_of other than n is not supported")
-        if isinstance(self.prompt, list) and len(self.prompt) == 0:
-            raise ValueError("prompt must not be empty")
         return self
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text, or token ids."""
         p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
+        if isinstance(p, str) or isinstance(p[0], int):
+            return [p]  # type: ignore[list-item]
         return list(p)  # type: ignore[arg-type]
 
 

@@ -31,7 +31,8 @@ def test_router_header_parses_and_body_wins() -> None:
     assert (o.mode, o.overlap_score_weight, o.temperature) == ("random", 2.0, None)
 
 
-@pytest.mark.parametrize("bad", ["mode", "bogus=1", "temperature=hot", "temperature=-1"])
+@pytest.mark.parametrize("bad", ["mode", "bogus=1", "temperature=hot", "temperature=-1", "temperature=nan",
+                                 "disagg_min_tokens=inf"])
 def test_bad_router_header_is_a_client_error(bad: str) -> None:
     with pytest.raises(InvalidRequest):
         parse_router_header(bad)

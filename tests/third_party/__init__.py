@@ -19,6 +19,8 @@ vllm            ``AsyncLLM.is_sleeping()`` as an ordering barrier      workers/e
                 reset_running_requests=True)``
 transformers    ``PreTrainedModel.hf_quantizer``, set by the GGUF      workers/models/weights.py       test_transformers.py
                 loader and checked by ``save_pretrained``                                              (``-m vllm``)
+tokenizers      ``Tokenizer.encode_batch`` releases the GIL while it   app/model_card.py               test_tokenizers.py
+                works (``encode`` holds it)
 ==============  =====================================================  ==============================  ==========================
 
 vLLM's KV event wire format, mirrored by workers/engines/vllm_kv_events.py, is checked against
