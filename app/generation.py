@@ -73,12 +73,13 @@ class GenerationSpec:
     max_tokens_given: bool = True
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, context_length: int, default: int) -> int:
+def resolve_max_tokens(requested: int | None, prompt_len: int, context_length: int, default: int,
+                       prompt_param: str = "messages") -> int:
     """The completion budget: what was asked, or what fits; a prompt that leaves no room is a 400."""
     if prompt_len >= context_length:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {context_length} tokens; the prompt has {prompt_len} tokens.",
-            param="messages")
+            param=prompt_param)
     room = context_length - prompt_len
     if requested is None:
         return min(default, room)

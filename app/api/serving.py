@@ -122,7 +122,8 @@ async def start_generation(rt: FrontendRuntime, request: Request, body: Sampling
                            requested_max_tokens: int | None) -> Generation:
     """Check limits, routing parameters and quotas, route and enqueue. Nothing leaks if this raises."""
     max_tokens = resolve_max_tokens(requested_max_tokens, len(prompt_ids), card.context_length,
-                                    rt.settings.frontend.default_max_tokens)
+                                    rt.settings.frontend.default_max_tokens,
+                                    "messages" if hasattr(body, "messages") else "prompt")
     ext = body.sluice.router.model_dump() if body.sluice and body.sluice.router else None
     overrides = router_overrides(request.headers.get("x-sluice-router"), ext)
     if overrides.mode is not None:
