@@ -2,8 +2,10 @@
 
 Every request this frontend routes counts against its worker until the worker's first token for it
 (or its end); a worker at ``frontend.max_waiting_per_worker`` is taken out of routing, and a request
-finds every candidate worker at the bound is refused at once with 503 and ``Retry-After`` (OpenAI's
-answer when its engine is overloaded) instead of queueing behind them for as long as its deadline.
+that finds every candidate worker at the bound is refused at once with 429 ``overloaded`` and
+``Retry-After`` instead of queueing behind them for as long as its deadline (503 is kept for "no
+worker lives"). A request that was let in still waits at most ``frontend.max_queue_wait_s`` for a
+worker to take it (app/generation.py), then gets the same 429 (``queue_timeout``).
 The count is this frontend's own view (exact with one frontend; each of N frontends bounds its share).
 """
 

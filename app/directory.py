@@ -43,7 +43,7 @@ class WorkerDirectory:
         self._last_reap = 0.0
         self._card_loads = BackgroundTasks("loading a model card")
         self._refresher = BackgroundLoop("worker-directory", self.refresh, interval_s=refresh_s,
-                                         backoff=Backoff(first_s=refresh_s))
+                                         backoff=Backoff(first_s=refresh_s, max_s=1.0))
 
     async def start(self) -> None:
         """Take the first snapshot (its failure is the caller's), then refresh in the background; a failed

@@ -37,6 +37,7 @@ from core.errors import (
     InvalidRequest,
     NoWorkerAvailable,
     Overloaded,
+    ShuttingDown,
     SluiceError,
     StreamStalled,
     UpstreamError,
@@ -118,6 +119,8 @@ class Generation:
         self._lost: list[str] = []
         self._migrations = 0
         self._awaiting_first = True
+        #: When the current attempt was enqueued (monotonic): the queue-wait limit counts from it.
+        self._queued_since = time.monotonic()
         #: The worker this request counts against in admission control until its first token.
         self._waiting_on: str | None = None
         self._stream: RequestStream | None = None
@@ -155,7 +158,8 @@ class Generation:
         policy = rt.policy(mode)
         disagg = self._disagg_mode()
         payload = GenerateRequest(request_id=self.request_id, model=spec.model, token_ids=spec.prompt_token_ids,
-                                  sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline)
+                                  sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline,
+                                  frontend_id=rt.frontend_id)
         task = task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self.request_id,
                                   argsrepr=f"request {self.request_id}: {self.prompt_tokens} prompt tokens")
         # The stream is registered before anything can reach a worker (the kv policy enqueues as it
@@ -246,9 +250,16 @@ class Generation:
         stall = self.rt.settings.frontend.stall_timeout_s
         while True:
             left = self._deadline - time.time()
+            queued = self._queued_left()
             try:
-                batch = await self._stream.get_batch(max(min(stall, left), 0.0))
+                batch = await self._stream.get_batch(max(min(stall, left, queued), 0.0))
             except TimeoutError:
+                if queued <= min(stall, left):
+                    self._fail("queue_timeout")
+                    raise Overloaded(
+                        f"no worker took the request within {self.rt.settings.frontend.max_queue_wait_s:g} s; "
+                        "the model's workers are saturated", retry_after_s=self.rt.admission.retry_after_s,
+                        code="queue_timeout") from None
                 if left > stall and self._computing_prompt():
                     continue
                 self._fail("timeout")
@@ -257,11 +268,11 @@ class Generation:
                 if left <= stall:
                     raise UpstreamError("the request did not finish before its deadline", code="timeout") from None
                 raise StreamStalled(f"no tokens from the worker for {stall:.0f} s") from None
+            if self._started_at is None:
+                self._started_at = self._stream.started_at
             token_ids: list[int] = []
             last = None
             for delta in batch:
-                if self._started_at is None and delta.started_at is not None:
-                    self._started_at = delta.started_at
                 token_ids.extend(delta.token_ids)
                 if delta.is_last:
                     last = delta
@@ -288,9 +299,15 @@ class Generation:
                 if self._worker_lost(last):
                     await self._migrate()
                     continue
+                if last.error is not None and last.worker_id is None:
+                    # The frontend ended the stream (Redis connection lost, a gap, shutting down),
+                    # not the worker: tell the worker, which may still be running it.
+                    self._cancel_on_worker()
                 self._done = True
                 if last.error is not None:
                     self.error_type = last.error.code or last.error.type
+                    if last.error.type == ShuttingDown.code:
+                        raise ShuttingDown(last.error.message)
                     if last.error.type == InvalidRequest.type:
                         raise InvalidRequest(last.error.message, code=last.error.code)
                     raise UpstreamError(f"the worker failed: {last.error.message}",
@@ -303,6 +320,13 @@ class Generation:
                 if tail:
                     yield tail
                 return
+
+    def _queued_left(self) -> float:
+        """Seconds the request may still wait for a worker to take it (inf once taken, or unbounded)."""
+        limit = self.rt.settings.frontend.max_queue_wait_s
+        if limit <= 0 or not self._awaiting_first or (self._stream and self._stream.started_at is not None):
+            return float("inf")
+        return self._queued_since + limit - time.monotonic()
 
     def _computing_prompt(self) -> bool:
         """No token yet from a worker whose lease is live: it is computing the prompt (a long one
@@ -356,12 +380,13 @@ class Generation:
         token_ids = [*spec.prompt_token_ids, *self._generated]
         payload = GenerateRequest(request_id=self._wire_id, model=spec.model, token_ids=token_ids,
                                   sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline,
-                                  carried_tokens=carried)
+                                  carried_tokens=carried, frontend_id=rt.frontend_id)
         task = task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self._wire_id,
                                   argsrepr=f"request {self.request_id}: resumed after worker {lost} was lost, "
                                            f"{carried} tokens carried")
         self._stream = stream = rt.hub.open(self._wire_id, None, first_seq=carried)
         self._awaiting_first = True
+        self._queued_since = time.monotonic()
         over = dataclasses.replace(spec.overrides, worker_id=None)
         try:
             decision = await self._policy.choose(

@@ -33,9 +33,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         runtime = FrontendRuntime(settings)
         await runtime.start()
         app.state.runtime = runtime
+        runtime.drain.install()
         try:
             yield
         finally:
+            runtime.drain.uninstall()
             await runtime.close()
 
     app = FastAPI(title="Sluice", version="0.1.0", lifespan=lifespan, **_NO_TELEMETRY)

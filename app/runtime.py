@@ -17,10 +17,12 @@ from app.admission import Admission
 from app.directory import WorkerDirectory
 from app.enqueue import Enqueuer
 from app.metrics import FrontendMetrics
+from app.shutdown import GracefulDrain
 from app.streams import StreamHub
 from core.background import BackgroundTasks
-from core.errors import InvalidRequest
+from core.errors import InvalidRequest, ShuttingDown
 from core.keys import Keys
+from core.loops import BackgroundLoop, Backoff
 from core.settings import Settings
 from router.kv_policy import KvPolicy
 from router.policies import LeastLoadedPolicy, Policy, PoolPolicy, RandomPolicy, RoundRobinPolicy
@@ -52,8 +54,24 @@ class FrontendRuntime:
         self.accounts = Accounts(s, self.redis, self.keys)
         await self.accounts.start()
         self._background = BackgroundTasks("background task")
+        lease_every = s.frontend.lease_ttl_s / 5
+        self._lease = BackgroundLoop("frontend-lease", self._renew_lease, interval_s=lease_every,
+                                     backoff=Backoff(first_s=min(0.2, lease_every), max_s=lease_every))
+        self._lease.start()
+        self._lease.wake()
+        self.drain = GracefulDrain(s.frontend.drain_timeout_s, self._end_open_requests)
         self._reaper = asyncio.get_running_loop().create_task(
             run_reaper(self.registry, self.kv_policy.index, s.router.reaper_interval_s), name="kv-reaper")
+
+    async def _renew_lease(self) -> None:
+        """Hold this frontend's lease: while it lives, workers keep running the requests it sent."""
+        await self.redis.set(self.keys.frontend_lease(self.frontend_id), b"1",
+                             px=int(self.settings.frontend.lease_ttl_s * 1000))
+
+    def _end_open_requests(self) -> None:
+        """The drain deadline: every request still open ends with an error (and its worker stops it)."""
+        self.hub.fail_all(ShuttingDown.code, "the frontend is shutting down and could not finish the request; "
+                                             "retry it")
 
     async def _forget_worker(self, worker_id: str) -> None:
         """A worker's lease expired: drop its own queue (the requests in it already failed) and its
@@ -82,6 +100,9 @@ class FrontendRuntime:
         self._background.spawn(coro)
 
     async def close(self) -> None:
+        await self._lease.stop()
+        with contextlib.suppress(Exception):  # gone now: workers need not wait out the lease
+            await self.redis.delete(self.keys.frontend_lease(self.frontend_id))
         self._reaper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reaper

@@ -31,7 +31,7 @@ RECONNECT_DELAY_S = 0.2
 class RequestStream:
     """The deltas of one request, in order. ``worker_id`` is known once routed or at the first delta."""
 
-    __slots__ = ("request_id", "worker_id", "handoff_to", "_items", "_ready", "_next_seq", "closed")
+    __slots__ = ("request_id", "worker_id", "handoff_to", "started_at", "_items", "_ready", "_next_seq", "closed")
 
     def __init__(self, request_id: str, worker_id: str | None, first_seq: int = 0) -> None:
         self.request_id = request_id
@@ -39,6 +39,8 @@ class RequestStream:
         #: Disaggregated: the decode worker that serves the request once the prefill worker
         #: (``worker_id`` until then) has delivered the first token.
         self.handoff_to: str | None = None
+        #: When a worker took the request (its "started" notice; wall clock): None while it is queued.
+        self.started_at: float | None = None
         self._items: collections.deque[TokenDelta] = collections.deque()
         self._ready = asyncio.Event()
         self._next_seq = first_seq
@@ -46,6 +48,12 @@ class RequestStream:
 
     def _push(self, delta: TokenDelta) -> None:
         if self.closed:
+            return
+        if delta.is_start:  # a worker took the request: it is known from now on, the seq unused
+            self.started_at = delta.started_at
+            if delta.worker_id and self.worker_id is None:
+                self.worker_id = delta.worker_id
+            self._ready.set()
             return
         if delta.seq != self._next_seq and delta.error is None:
             delta = TokenDelta(self.request_id, self._next_seq, error=ErrorInfo(
@@ -85,7 +93,7 @@ class StreamHub:
         self.channel = channel
         self._streams: dict[str, RequestStream] = {}
         self._subscribed = asyncio.Event()
-        self._reader = BackgroundLoop("stream-hub", self._session, backoff=Backoff(first_s=RECONNECT_DELAY_S),
+        self._reader = BackgroundLoop("stream-hub", self._session, backoff=Backoff(first_s=RECONNECT_DELAY_S, max_s=1.0),
                                       on_error=self._connection_lost)
 
     async def start(self) -> None:
@@ -129,9 +137,13 @@ class StreamHub:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
 
-    def _connection_lost(self, exc: Exception) -> None:
+    def fail_all(self, kind: str, message: str) -> None:
+        """End every open stream with an error delta of ``kind``."""
         for stream in list(self._streams.values()):
-            stream.fail("stream_interrupted", "the token stream was interrupted (Redis connection lost)")
+            stream.fail(kind, message)
+
+    def _connection_lost(self, exc: Exception) -> None:
+        self.fail_all("stream_interrupted", "the token stream was interrupted (Redis connection lost)")
 
     async def _read(self, pubsub: aioredis.client.PubSub) -> None:
         streams = self._streams

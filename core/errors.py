@@ -8,6 +8,8 @@ class SluiceError(Exception):
     status_code = 500
     type = "internal_error"
     code: str | None = None
+    #: Seconds for the ``Retry-After`` header (every 429 and 503 carries one); None: no header.
+    retry_after_s: int | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -58,18 +60,30 @@ class NoWorkerAvailable(SluiceError):
     status_code = 503
     type = "service_unavailable"
     code = "no_worker_available"
+    retry_after_s = 2  # about a worker's lease: a restarted worker is routable again by then
 
 
 class Overloaded(SluiceError):
-    """Every worker that could serve the request has as many waiting as admission control allows."""
+    """Every worker that could serve the request has as many waiting as admission control allows,
+    or the request waited in the queue past its limit: 429, come back later."""
+
+    status_code = 429
+    type = "rate_limit_error"
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int, code: str | None = None, **kw: str | None) -> None:
+        super().__init__(message, code=code, **kw)
+        self.retry_after_s = retry_after_s
+
+
+class ShuttingDown(SluiceError):
+    """The frontend is shutting down (SIGTERM): it takes no new request, and ends the ones still
+    open at its drain deadline."""
 
     status_code = 503
     type = "service_unavailable"
-    code = "overloaded"
-
-    def __init__(self, message: str, *, retry_after_s: int, **kw: str | None) -> None:
-        super().__init__(message, **kw)
-        self.retry_after_s = retry_after_s
+    code = "frontend_shutting_down"
+    retry_after_s = 1
 
 
 class UpstreamError(SluiceError):

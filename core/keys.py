@@ -103,6 +103,10 @@ class Keys:
         """Pub/sub channel carrying the token deltas of every request of one frontend process."""
         return f"{self.prefix}:tok:{frontend_id}"
 
+    def frontend_lease(self, frontend_id: str) -> str:
+        """A frontend's lease (a key with a TTL): workers drop the requests of a frontend without one."""
+        return f"{self.prefix}:frontend:{frontend_id}"
+
     def control_channel(self, worker_id: str) -> str:
         """Pub/sub channel for cancel / clear-cache / drain commands to one worker."""
         return f"{self.prefix}:ctl:{worker_id}"

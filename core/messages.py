@@ -45,6 +45,8 @@ class GenerateRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     kv_handle: dict[str, Any] | None = None
     prefill_worker_id: str | None = None
     carried_tokens: int = 0
+    #: The frontend waiting for the request: workers drop it once that frontend's lease lapses.
+    frontend_id: str | None = None
     v: int = MESSAGE_VERSION
 
 
@@ -84,6 +86,12 @@ class TokenDelta(msgspec.Struct, frozen=True, omit_defaults=True):
     @property
     def is_last(self) -> bool:
         return self.finish_reason is not None or self.error is not None
+
+    @property
+    def is_start(self) -> bool:
+        """The worker's "started" notice: no token, not the end; it names the worker and when it
+        took the request, and does not use up a ``seq`` (its ``seq`` is the first token's)."""
+        return not self.token_ids and not self.is_last and self.started_at is not None
 
 
 class ControlCommand(msgspec.Struct, frozen=True, omit_defaults=True):

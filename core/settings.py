@@ -79,6 +79,9 @@ class WorkerSettings(BaseModel):
     worker_id: str | None = None
     heartbeat_interval_s: float = Field(1.0, gt=0)
     lease_ttl_s: float = Field(3.0, gt=0)
+    #: A request whose frontend has had no lease for this long is dropped (its client is gone).
+    #: Longer than the frontend's lease refresh, so a Redis restart does not orphan live requests.
+    frontend_grace_s: float = Field(3.0, gt=0)
     concurrency: int | None = None
     #: Send Celery task events (Flower's task views need them; they cost worker CPU per task).
     task_events: bool = True
@@ -132,11 +135,22 @@ class FrontendSettings(BaseModel):
     #: expired), continuing from the tokens already streamed; 0 turns migration off.
     max_migrations: int = Field(3, ge=0)
     #: Admission control (app/admission.py): at most this many requests routed by this frontend
-    #: waiting for their first token per worker; beyond it, 503 with Retry-After. 0: no bound.
+    #: waiting for their first token per worker; beyond it, 429 with Retry-After. 0: no bound.
     max_waiting_per_worker: int = Field(256, ge=0)
     overload_retry_after_s: int = Field(1, ge=1)
     #: Larger request bodies are refused (413) before they are read whole (app/body_limit.py).
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    #: The longest a request may wait for a worker to take it (queued, no prefill started yet);
+    #: past it, 429 with Retry-After (an error event on a stream). 0: only the request timeout.
+    max_queue_wait_s: float = Field(60.0, ge=0)
+    #: The frontend's own lease in Redis, refreshed every fifth of it: workers drop the requests
+    #: of a frontend whose lease lapsed (it died: nobody reads their tokens).
+    lease_ttl_s: float = Field(5.0, gt=0)
+    #: SIGTERM: open requests get this long to finish (new ones get 503), then end with an error
+    #: event; the process exits when they are done.
+    drain_timeout_s: float = Field(30.0, ge=0)
+    #: SSE comment pings on open streams (a queued request's connection stays alive behind proxies); 0: none.
+    sse_ping_s: float = Field(15.0, ge=0)
 
 
 class AccountsSettings(BaseModel):

@@ -89,7 +89,10 @@ def _serve(args: argparse.Namespace) -> int:
         ReadyAnnouncer(Announcement(api_url=f"http://{reachable}:{port}", flower_url=args.flower_url,
                                     auth=settings.auth, expect_workers=args.expect_workers)).start()
     uvicorn.run("app.main:create_app", factory=True, host=host, port=port, log_level=args.log_level,
-                access_log=False, loop="uvloop", http="httptools", timeout_graceful_shutdown=5)
+                access_log=False, loop="uvloop", http="httptools",
+                # A backstop behind the frontend's own drain (app/shutdown.py), which ends open
+                # requests cleanly at frontend.drain_timeout_s.
+                timeout_graceful_shutdown=int(settings.frontend.drain_timeout_s) + 5)
     return 0
 
 

@@ -80,6 +80,10 @@ class EngineHost:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-loop", daemon=True)
         self._running: dict[str, asyncio.Task[None]] = {}
+        #: The frontend of each running request (those that name one), and since when (monotonic)
+        #: each frontend's lease has been seen missing.
+        self._frontend_of: dict[str, str] = {}
+        self._frontend_missing: dict[str, float] = {}
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
         self._background: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -164,7 +168,7 @@ class EngineHost:
     async def _go_live(self) -> None:
         self.record = await self.registry.register(self._make_record(), self._load(), self.settings.worker.lease_ttl_s)
         await self._publish_kv_state(self.record.slot)
-        self._control = BackgroundLoop("control-channel", self._control_session, backoff=Backoff(first_s=0.2))
+        self._control = BackgroundLoop("control-channel", self._control_session, backoff=Backoff(first_s=0.2, max_s=1.0))
         self._control.start()
         self._control.wake()
         loop = asyncio.get_running_loop()
@@ -181,9 +185,44 @@ class EngineHost:
                 fresh = await self.registry.heartbeat(self.record, self._load(), self.settings.worker.lease_ttl_s)
                 if fresh is not None:  # re-registered (Redis lost our lease): the index must be rebuilt
                     self.record = fresh
+                    await self._drop_running("this worker's lease lapsed: its frontends moved or ended its requests")
                     await self._publish_kv_state(fresh.slot)
+                await self._drop_orphans()
             except Exception:  # noqa: BLE001 - keep heartbeating through Redis hiccups
                 log.exception("heartbeat failed")
+
+    async def _drop_running(self, why: str) -> None:
+        """Abort every running request: nobody waits for them any more (a frontend takes a worker
+        whose lease lapsed for lost, and moves or ends its requests)."""
+        if self._running:
+            log.warning("worker %s dropping %d running request(s): %s", self.identity.worker_id,
+                        len(self._running), why)
+        for request_id in list(self._running):
+            await self.engine.abort(request_id)
+
+    async def _drop_orphans(self) -> None:
+        """Abort the requests of frontends whose lease has been missing for ``frontend_grace_s``
+        (the frontend died: nobody reads their tokens). One pipelined call for all of them."""
+        frontends = sorted(set(self._frontend_of.values()))
+        if not frontends:
+            self._frontend_missing.clear()
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for frontend_id in frontends:
+                pipe.exists(self.keys.frontend_lease(frontend_id))
+            present = await pipe.execute()
+        now, grace = time.monotonic(), self.settings.worker.frontend_grace_s
+        missing = {f: self._frontend_missing.get(f, now) for f, there in zip(frontends, present, strict=True)
+                   if not there}
+        self._frontend_missing = missing
+        gone = {f for f, since in missing.items() if now - since >= grace}
+        if not gone:
+            return
+        orphans = [r for r, f in self._frontend_of.items() if f in gone]
+        log.warning("worker %s dropping %d request(s) of gone frontend(s) %s", self.identity.worker_id,
+                    len(orphans), ", ".join(sorted(gone)))
+        for request_id in orphans:
+            await self.engine.abort(request_id)
 
     async def _control_session(self) -> None:
         """One connection's life on the control channels: subscribe, then act on commands until the
@@ -239,6 +278,10 @@ class EngineHost:
                                        error=ErrorInfo("timeout", "request deadline passed before a worker took it")))
             return
         self._running[req.request_id] = asyncio.current_task()  # type: ignore[assignment]
+        if req.frontend_id:
+            self._frontend_of[req.request_id] = req.frontend_id
+        # Taken: the frontend learns which worker runs it (pool mode) and that its queue wait is over.
+        self._send(req, TokenDelta(req.request_id, seq, worker_id=wid, started_at=started_at))
         deadline_timer = asyncio.get_running_loop().call_later(
             max(0.0, req.deadline - started_at), lambda: asyncio.ensure_future(self.engine.abort(req.request_id)))
         prefill = req.decode is not None
@@ -274,6 +317,7 @@ class EngineHost:
         finally:
             deadline_timer.cancel()
             self._running.pop(req.request_id, None)
+            self._frontend_of.pop(req.request_id, None)
             if first:
                 self._release_remote(req)
 
@@ -291,7 +335,7 @@ class EngineHost:
         decode = GenerateRequest(
             request_id=req.request_id, model=req.model, token_ids=[*req.token_ids, *first], sampling=req.sampling,
             reply_channel=req.reply_channel, deadline=req.deadline, lora=req.lora, kv_handle=handle or {},
-            prefill_worker_id=self.identity.worker_id, carried_tokens=len(first))
+            prefill_worker_id=self.identity.worker_id, carried_tokens=len(first), frontend_id=req.frontend_id)
         self._send(req, TokenDelta(req.request_id, 0, first, worker_id=self.identity.worker_id, started_at=started_at))
         self.publisher.push(req.decode.queue, task_message(
             GENERATE_TASK, [request_to_builtins(decode)], req.decode.queue, task_id=req.request_id,

@@ -24,6 +24,9 @@ STALE_SNAPSHOT_S = 2.0
 
 @router.get("/ready")
 async def ready(rt: RuntimeDep) -> Response:
+    if rt.drain.draining:
+        return JSONResponse({"ready": False, "reason": "the frontend is shutting down"}, status_code=503,
+                            headers={"Retry-After": "1"})
     if rt.directory.stale(STALE_SNAPSHOT_S):
         return JSONResponse({"ready": False, "reason": "the request plane (Redis) is unreachable"}, status_code=503,
                             headers={"Retry-After": "2"})
@@ -33,7 +36,8 @@ async def ready(rt: RuntimeDep) -> Response:
     pools = {m: dict(Counter(w.record.pool for w in served.get(m, []))) for m in known}
     # A model is served once a worker can generate for it: prefill workers alone cannot.
     is_ready = bool(models) and all(sum(n for p, n in pools[m].items() if p != "prefill") > 0 for m in known)
-    return JSONResponse({"ready": is_ready, "models": models, "pools": pools}, status_code=200 if is_ready else 503)
+    return JSONResponse({"ready": is_ready, "models": models, "pools": pools}, status_code=200 if is_ready else 503,
+                        headers=None if is_ready else {"Retry-After": "2"})
 
 
 @router.get("/metrics")

@@ -26,7 +26,7 @@ from app.generation import Generation, GenerationSpec, resolve_max_tokens, sampl
 from app.model_card import ModelCard
 from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
 from app.runtime import FrontendRuntime
-from core.errors import InvalidRequest, SluiceError
+from core.errors import InvalidRequest, ShuttingDown, SluiceError
 from core.http_errors import error_payload
 
 WORKER_HEADER = "x-sluice-worker"
@@ -81,7 +81,7 @@ async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Pr
     gen = await start_generation(rt, request, body, card, principal, prompt_ids, ep.max_tokens)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return GenerationEvents(_events(gen, ep, body.model, include_usage), gen)
+        return GenerationEvents(_events(gen, ep, body.model, include_usage), gen, rt.settings.frontend.sse_ping_s)
     async with gen:
         text = "".join([piece async for piece in gen.text()])
     return Response(encode(ep.response(f"{ep.id_prefix}{gen.request_id}", int(time.time()), body.model,
@@ -121,6 +121,8 @@ async def start_generation(rt: FrontendRuntime, request: Request, body: Sampling
                            principal: Principal | None, prompt_ids: list[int],
                            requested_max_tokens: int | None) -> Generation:
     """Check limits, routing parameters and quotas, route and enqueue. Nothing leaks if this raises."""
+    if rt.drain.draining:
+        raise ShuttingDown("the frontend is shutting down and takes no new request; retry on another")
     max_tokens = resolve_max_tokens(requested_max_tokens, len(prompt_ids), card.context_length,
                                     rt.settings.frontend.default_max_tokens,
                                     "messages" if hasattr(body, "messages") else "prompt")
@@ -156,8 +158,8 @@ class GenerationEvents(StreamingEvents):
     ends; if the client leaves before the generator ever ran, the response closes it here, so the
     router's prediction and the stream registration never leak."""
 
-    def __init__(self, events: AsyncIterator[bytes], gen: Generation) -> None:
-        super().__init__(events)
+    def __init__(self, events: AsyncIterator[bytes], gen: Generation, ping_s: float = 0) -> None:
+        super().__init__(events, ping_s=ping_s)
         self.generation = gen
         self.headers.update(worker_header(gen))
 

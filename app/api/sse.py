@@ -1,7 +1,8 @@
 """Server-Sent Events for the streaming endpoints, on sse-starlette.
 
 sse-starlette gives the response its client-disconnect listener (which cancels the generator,
-so the request is aborted on the worker at once) and graceful shutdown. Two costs it would add
+so the request is aborted on the worker at once) and keep-alive pings; shutdown is the frontend's
+own (app/shutdown.py). Two costs it would add
 per event are avoided here: events are pre-encoded ``data: ...`` bytes (passed through as they
 are), and sends are not wrapped in a timeout scope when no send timeout is set.
 """
@@ -21,8 +22,11 @@ def sse_event(payload: bytes) -> bytes:
 
 
 class StreamingEvents(EventSourceResponse):
-    def __init__(self, events: AsyncIterator[bytes]) -> None:
-        super().__init__(events, ping=0, sep="\n", send_timeout=None)
+    """``ping_s``: a comment line (``: ping ...``) every ``ping_s`` seconds, so a request waiting in a
+    queue keeps its connection through proxies' idle timeouts (clients skip comments); 0: none."""
+
+    def __init__(self, events: AsyncIterator[bytes], ping_s: float = 0) -> None:
+        super().__init__(events, ping=ping_s, sep="\n", send_timeout=None)
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         if self.send_timeout is None:

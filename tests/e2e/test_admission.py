@@ -1,5 +1,5 @@
 """Admission control, as a user meets it: a flood beyond what the workers may have waiting gets an
-immediate 503 with ``Retry-After`` (not a place in an unbounded queue), and the bound frees up as
+immediate 429 with ``Retry-After`` (not a place in an unbounded queue), and the bound frees up as
 requests get their first token or end."""
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ def test_a_flood_beyond_the_bound_is_refused_at_once_and_the_bound_frees_up(boun
                 assert resp.status_code == 200
                 waiting.append(resp)
             refused = client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1})
-            assert refused.status_code == 503, refused.text
+            assert refused.status_code == 429, refused.text
             assert refused.headers["retry-after"] == "2"
             error = refused.json()["error"]
-            assert error["code"] == "overloaded" and error["type"] == "service_unavailable"
+            assert error["code"] == "overloaded" and error["type"] == "rate_limit_error"
             assert _refusals(s) == 1
         finally:
             for resp in waiting:  # the clients leave: their requests are cancelled and stop counting
