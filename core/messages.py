@@ -99,8 +99,8 @@ class ControlCommand(msgspec.Struct, frozen=True, omit_defaults=True):
 
     ``cancel`` aborts ``request_id`` (remembered if its task has not started yet); ``clear_kv``
     drops the engine's unused cached blocks; ``kv_release`` (decode worker to prefill worker) says
-    the blocks held for ``request_id``'s transfer may go. ``drain`` is part of the wire format but not acted
-    on (a worker drains on SIGTERM, workers/signals.py).
+    the blocks held for ``request_id``'s transfer may go; ``drain`` takes the worker out of routing
+    and, at its drain deadline, moves what still runs elsewhere, as SIGTERM does, without exiting.
     """
 
     op: Literal["cancel", "clear_kv", "drain", "kv_release"]

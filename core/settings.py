@@ -82,6 +82,10 @@ class WorkerSettings(BaseModel):
     #: A request whose frontend has had no lease for this long is dropped (its client is gone).
     #: Longer than the frontend's lease refresh, so a Redis restart does not orphan live requests.
     frontend_grace_s: float = Field(3.0, gt=0)
+    #: Draining (SIGTERM, or the ``drain`` control command): running requests get this long to
+    #: finish; the ones still running then end with ``worker_draining`` and their frontends move
+    #: them to another worker (migration).
+    drain_timeout_s: float = Field(60.0, ge=0)
     concurrency: int | None = None
     #: Send Celery task events (Flower's task views need them; they cost worker CPU per task).
     task_events: bool = True

@@ -219,6 +219,39 @@ def _add_flower(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=_flower)
 
 
+def _drain(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from core.keys import Keys
+    from router.control import drain_worker
+
+    settings = get_settings()
+
+    async def send() -> int:
+        client = aioredis.from_url(settings.redis.url)
+        try:
+            return await drain_worker(client, Keys(settings.redis.namespace), args.worker_id)
+        finally:
+            await client.aclose()
+
+    if asyncio.run(send()) == 0:
+        print(f"sluice drain: no live worker {args.worker_id!r} is listening", file=sys.stderr)
+        return 1
+    print(f"draining {args.worker_id}")
+    return 0
+
+
+def _add_drain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("drain", help="take a worker out of routing and move its requests off it (it keeps running)",
+                       description="Send the drain control command to one worker: it leaves routing at once, its "
+                                   "running requests get SLUICE_WORKER__DRAIN_TIMEOUT_S to finish, then the rest "
+                                   "continue on other workers. The worker keeps running (SIGTERM drains and exits).")
+    p.add_argument("worker_id", help="the worker's id (GET /workers lists them)")
+    p.set_defaults(func=_drain)
+
+
 def _add_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     models = sub.add_parser("models", help="prepare model directories",
                             description="Model directories under SLUICE_CACHE_DIR/models "
@@ -243,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_router(sub)
     _add_bookkeeper(sub)
     _add_flower(sub)
+    _add_drain(sub)
     _add_models(sub)
 
     from sluice.accounts_cli import add_accounts_commands

@@ -84,6 +84,9 @@ class EngineHost:
         #: each frontend's lease has been seen missing.
         self._frontend_of: dict[str, str] = {}
         self._frontend_missing: dict[str, float] = {}
+        #: Requests aborted at the drain deadline: they end with ``worker_draining`` (the frontend
+        #: moves them), not as finished.
+        self._evicted: set[str] = set()
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
         self._background: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -157,13 +160,28 @@ class EngineHost:
         return replace(self.engine.load(), updated_at=time.time(), draining=self._draining)
 
     async def _drain(self) -> None:
-        """Say ``draining`` in the load record now, not at the next heartbeat."""
+        """Say ``draining`` in the load record now, not at the next heartbeat; at the drain deadline,
+        hand what still runs back to the frontends."""
+        if self._draining:
+            return
         self._draining = True
-        log.info("worker %s draining: finishing %d running request(s), taking no new one",
-                 self.identity.worker_id, len(self._running))
+        timeout = self.settings.worker.drain_timeout_s
+        log.info("worker %s draining: %d running request(s) have %.0f s to finish; taking no new one",
+                 self.identity.worker_id, len(self._running), timeout)
+        asyncio.get_running_loop().call_later(timeout, lambda: asyncio.ensure_future(self._evict_running()))
         if self.record is not None:
             with contextlib.suppress(Exception):
                 await self.registry.heartbeat(self.record, self._load(), self.settings.worker.lease_ttl_s)
+
+    async def _evict_running(self) -> None:
+        """The drain deadline: every request still running ends with ``worker_draining`` (after the
+        tokens it has), and its frontend continues it on another worker."""
+        if self._running:
+            log.warning("worker %s drain deadline: moving %d running request(s) to other workers",
+                        self.identity.worker_id, len(self._running))
+        for request_id in list(self._running):
+            self._evicted.add(request_id)
+            await self.engine.abort(request_id)
 
     async def _go_live(self) -> None:
         self.record = await self.registry.register(self._make_record(), self._load(), self.settings.worker.lease_ttl_s)
@@ -248,6 +266,8 @@ class EngineHost:
                 self._early_cancels[cmd.request_id] = None
                 while len(self._early_cancels) > _EARLY_CANCELS_MAX:
                     self._early_cancels.popitem(last=False)
+        elif cmd.op == "drain":
+            await self._drain()
         elif cmd.op == "kv_release" and cmd.request_id:
             await self.engine.release_transfer(cmd.request_id)
         elif cmd.op == "clear_kv":
@@ -296,6 +316,15 @@ class EngineHost:
                 if prefill and out.finish_reason == "length" and req.sampling.max_tokens > 1:
                     self._hand_off(req, out.token_ids, out.kv_handle, started_at)
                     return
+                if out.finish_reason == "abort" and req.request_id in self._evicted:
+                    if out.token_ids:
+                        self._send(req, TokenDelta(req.request_id, seq, out.token_ids, worker_id=wid if first else None))
+                        seq += 1
+                    if prefill and out.kv_handle is not None:
+                        await self.engine.release_transfer(req.request_id)
+                    self._send(req, TokenDelta(req.request_id, seq, worker_id=wid, error=ErrorInfo(
+                        "worker_draining", f"worker {wid} is shutting down; the request continues elsewhere")))
+                    return
                 if prefill and out.kv_handle is not None:  # the request ends here: nothing will read the KV
                     await self.engine.release_transfer(req.request_id)
                 self._send(req, TokenDelta(
@@ -318,6 +347,7 @@ class EngineHost:
             deadline_timer.cancel()
             self._running.pop(req.request_id, None)
             self._frontend_of.pop(req.request_id, None)
+            self._evicted.discard(req.request_id)
             if first:
                 self._release_remote(req)
 
