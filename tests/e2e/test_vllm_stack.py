@@ -132,6 +132,36 @@ def test_a_model_that_fails_to_load_stops_the_worker_before_it_registers(
     assert vllm_stack.ready_workers().get(MODEL) == 1
 
 
+def _longest_prompt(tokenizer_json: Path, salt: str) -> list[int]:
+    """A prompt of CONTEXT_LENGTH - 1 token ids (room for one generated token): real text, repeated."""
+    from tokenizers import Tokenizer
+
+    text = (f"{salt}. " + "The lighthouse keeper wrote down the weather, the ships and the birds every day. ") * 900
+    ids = Tokenizer.from_file(str(tokenizer_json)).encode(text).ids
+    assert len(ids) >= CONTEXT_LENGTH
+    return ids[:CONTEXT_LENGTH - 1]
+
+
+def test_the_longest_prompt_the_model_accepts_succeeds_streamed_and_not(vllm_stack: Stack) -> None:
+    """8,191 prompt tokens on this CPU take far longer than the stall clock (30 s) to prefill: the
+    worker is alive and computing, so the frontend waits for the first token."""
+    tokenizer = smollm2_weights_dir() / "tokenizer.json"
+    url = f"{vllm_stack.base_url}/v1/completions"
+    body = {"model": MODEL, "prompt": _longest_prompt(tokenizer, "Streamed"), "max_tokens": 1, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url, json=body, timeout=600) as resp:
+        assert resp.status_code == 200
+        events = [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and not any('"error"' in e for e in events), events[-3:]
+    usage = json.loads(events[-2])["usage"]
+    assert usage["prompt_tokens"] == CONTEXT_LENGTH - 1 and usage["completion_tokens"] == 1
+    body = {**body, "prompt": _longest_prompt(tokenizer, "Whole"), "stream": False}
+    resp = httpx.post(url, json=body, timeout=600)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["prompt_tokens"] == CONTEXT_LENGTH - 1
+    assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] < 100  # computed, not cached
+
+
 def _engine_core(worker_pid: int) -> psutil.Process:
     """vLLM's engine core: the worker's child process that runs the model (titled ``VLLM::EngineCore``)."""
     for child in psutil.Process(worker_pid).children(recursive=True):
