@@ -10,8 +10,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from app.accounts.service import Accounts
 from app.admission import Admission
 from app.directory import WorkerDirectory
@@ -23,6 +21,7 @@ from core.background import BackgroundTasks
 from core.errors import InvalidRequest, ShuttingDown
 from core.keys import Keys
 from core.loops import BackgroundLoop, Backoff
+from core.redis_client import frontend_client
 from core.settings import Settings
 from router.kv_policy import KvPolicy
 from router.policies import LeastLoadedPolicy, Policy, PoolPolicy, RandomPolicy, RoundRobinPolicy
@@ -39,8 +38,7 @@ class FrontendRuntime:
     async def start(self) -> None:
         s = self.settings
         self.keys = Keys(s.redis.namespace)
-        self.redis = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
-            s.redis.url, max_connections=64, timeout=10))
+        self.redis = frontend_client(s.redis.url, max_connections=64)
         self.enqueuer = Enqueuer(self.redis)
         self.admission = Admission(s.frontend.max_waiting_per_worker, s.frontend.overload_retry_after_s)
         self.registry = Registry(self.redis, self.keys)

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field, model_validator
 from core.errors import InvalidRequest, NoWorkerAvailable
 from core.http_errors import install_error_handlers
 from core.keys import Keys
+from core.redis_client import background_client
 from core.settings import Settings, get_settings
 from router.control import clear_kv_blocks
 from router.kv_policy import KvPolicy, publishes_kv_events
@@ -170,7 +171,7 @@ def create_app(settings: Settings | None = None, *, reaper: bool = True) -> Fast
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = aioredis.from_url(settings.redis.url)
+        client = background_client(settings.redis.url)
         service = RouterService(settings, client)
         app.state.service = service
         task = (asyncio.get_running_loop().create_task(

@@ -37,7 +37,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
 
 from core.errors import SluiceError
 from core.keys import Keys
@@ -54,6 +53,7 @@ from core.messages import (
     request_from_builtins,
     request_to_builtins,
 )
+from core.redis_client import background_client
 from core.settings import Settings
 from core.wire import GENERATE_TASK, task_message
 from router.registry import Registry, WorkerIdentity, WorkerLoad, WorkerRecord
@@ -127,7 +127,7 @@ class EngineHost:
 
     # ---- on the loop ------------------------------------------------------------------------
     async def _start(self) -> None:
-        self.redis = aioredis.from_url(self.settings.redis.url)
+        self.redis = background_client(self.settings.redis.url)
         self.publisher = DeltaPublisher(self.redis)
         self.publisher.start()
         self.registry = Registry(self.redis, self.keys)

@@ -96,7 +96,9 @@ def test_the_platform_survives_a_redis_restart(own_redis: RedisServer, tokenizer
 
         # The prefix index was rebuilt: a repeated long prompt finds its cached blocks again.
         def cached() -> bool:
-            usage = _complete(s.base_url, LONG + " again").json()["usage"]
+            resp = _complete(s.base_url, LONG + " again")
+            assert resp.status_code == 200, resp.text
+            usage = resp.json()["usage"]
             return usage["prompt_tokens_details"]["cached_tokens"] > 1000
         wait_until(cached, 30, "the repeated prompt to be routed to its cached blocks")
         print(f"outage {outage_s} s: first 503 after {refused_in * 1000:.0f} ms; "
