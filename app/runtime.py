@@ -44,8 +44,7 @@ class FrontendRuntime:
         self.registry = Registry(self.redis, self.keys)
         self.hub = StreamHub(self.redis, self.keys.token_channel(self.frontend_id))
         await self.hub.start()
-        self.directory = WorkerDirectory(self.registry, self.hub, s.router.registry_refresh_s, s.model,
-                                         on_reap=self._forget_worker)
+        self.directory = WorkerDirectory(self.registry, self.hub, s.router.registry_refresh_s, s.model)
         await self.directory.start()
         self.kv_policy = KvPolicy(self.redis, self.keys, s.router)
         self.policies: dict[str, Policy] = self._make_policies()
@@ -53,13 +52,7 @@ class FrontendRuntime:
         await self.accounts.start()
         self._background = BackgroundTasks("background task")
         self._reaper = asyncio.get_running_loop().create_task(
-            run_reaper(self.registry, self.kv_policy.index, s.router.reaper_interval_s), name="kv-reaper")
-
-    async def _forget_worker(self, worker_id: str) -> None:
-        """A worker's lease expired: drop its own queue (the requests in it already failed) and its
-        prefix-index entries (so no router credits it with cached blocks)."""
-        await self.redis.delete(self.keys.worker_queue(worker_id))
-        await self.kv_policy.index.purge(worker_id)
+            run_reaper(self.registry, self.kv_policy.index, s.router.reaper_interval_s), name="reaper")
 
     def _make_policies(self) -> dict[str, Policy]:
         return {
