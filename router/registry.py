@@ -60,6 +60,8 @@ class WorkerLoad:
     updated_at: float = 0.0
     #: Shutting down: it finishes what it runs and takes nothing new (routers leave it out).
     draining: bool = False
+    #: Times the worker rebuilt its prefix-index entries to repair them, since it started (workers.kv_relay).
+    kv_resyncs: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -184,6 +184,9 @@ def test_resync_after_flushall() -> None:
         wait_until(lambda: client.exists(keys.worker("w1")) and in_sync(host, client, keys), 10,
                    "the worker to register again and republish its cache")
         assert index_state(client, keys, "w1")
+        lease_lost = host.metrics.registry.get_sample_value("sluice_kv_index_resyncs_total", {"reason": "lease_lost"})
+        assert lease_lost and lease_lost >= 1  # the repair is counted, and the heartbeat's load record says so
+        wait_until(lambda: int(client.hget(keys.load("w1"), "kv_resyncs") or 0) >= lease_lost, 10, "the count")
         serve(host, prompt(40, salt=4))  # and it keeps relaying afterwards
         wait_until(lambda: in_sync(host, client, keys), 10, "the next request's blocks")
     finally:
