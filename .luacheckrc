@@ -6,9 +6,9 @@ max_line_length = 120
 read_globals = {"redis", "KEYS", "ARGV", "struct", "bit", "cjson", "cmsgpack", "unpack"}
 
 local helpers = {"clear", "CHUNK", "call_chunked", "now_ms", "set_chain", "claim", "unclaim",
-                 "clear_worker", "add_sums", "settle", "expire_guesses"}
+                 "purge_worker", "clear_worker", "add_sums", "settle", "expire_guesses"}
 
 files["router/lua/helpers.lua"] = {unused = false}
-for _, name in ipairs({"apply", "resync", "purge", "expire_guesses", "decide", "release"}) do
+for _, name in ipairs({"apply", "resync", "purge", "reap", "expire_guesses", "decide", "release"}) do
   files["router/lua/" .. name .. ".lua"] = {read_globals = helpers}
 end

@@ -2,8 +2,9 @@
 
 The request path never waits on Redis to learn who is alive: it reads the snapshot this keeps
 (refreshed every ``router.registry_refresh_s``). Each refresh also ends the streams of requests
-whose worker's lease has gone (it died or was killed) and reaps expired registrations. Model
-cards (tokenizer, template) load off the event loop the first time a model appears.
+whose worker's lease has gone (it died or was killed); forgetting the gone worker (its queue, its
+index entries, its registration) is the reaper's job (router.reaper). Model cards (tokenizer,
+template) load off the event loop the first time a model appears.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from app.model_card import ModelCard
@@ -23,15 +23,11 @@ from router.registry import LiveWorker, Registry
 
 log = logging.getLogger(__name__)
 
-ReapHook = Callable[[str], Awaitable[None]]
-
 
 class WorkerDirectory:
-    def __init__(self, registry: Registry, hub: StreamHub, refresh_s: float, default_model: str,
-                 on_reap: ReapHook | None = None) -> None:
+    def __init__(self, registry: Registry, hub: StreamHub, refresh_s: float, default_model: str) -> None:
         self._registry = registry
         self._hub = hub
-        self._on_reap = on_reap
         #: Workers that take requests (live, not draining), by model: what routing picks from.
         self.by_model: dict[str, list[LiveWorker]] = {}
         #: Every worker with a live lease, draining ones included (their streams go on).
@@ -40,7 +36,6 @@ class WorkerDirectory:
         self.refreshed_at = 0.0
         self._known_models: set[str] = {default_model}
         self._cards: dict[str, asyncio.Future[ModelCard]] = {}
-        self._last_reap = 0.0
         self._card_loads = BackgroundTasks("loading a model card")
         self._refresher = BackgroundLoop("worker-directory", self.refresh, interval_s=refresh_s,
                                          backoff=Backoff(first_s=refresh_s, max_s=1.0))
@@ -69,16 +64,6 @@ class WorkerDirectory:
         self.refreshed_at = time.monotonic()
         for stream in self._hub.streams_of_workers(self._hub.active_workers() - alive):
             stream.fail("worker_lost", f"worker {stream.worker_id} stopped responding (its lease expired)")
-        now = time.monotonic()
-        if now - self._last_reap > 1.0:
-            self._last_reap = now
-            await self._reap()
-
-    async def _reap(self) -> None:
-        for worker_id in await self._registry.expired_workers():
-            if self._on_reap is not None:
-                await self._on_reap(worker_id)
-            await self._registry.reap(worker_id)
 
     def _load_card(self, worker: LiveWorker) -> None:
         loop = asyncio.get_running_loop()

@@ -44,8 +44,7 @@ class FrontendRuntime:
         self.registry = Registry(self.redis, self.keys)
         self.hub = StreamHub(self.redis, self.keys.token_channel(self.frontend_id))
         await self.hub.start()
-        self.directory = WorkerDirectory(self.registry, self.hub, s.router.registry_refresh_s, s.model,
-                                         on_reap=self._forget_worker)
+        self.directory = WorkerDirectory(self.registry, self.hub, s.router.registry_refresh_s, s.model)
         await self.directory.start()
         self.kv_policy = KvPolicy(self.redis, self.keys, s.router)
         self.policies: dict[str, Policy] = self._make_policies()
@@ -59,7 +58,7 @@ class FrontendRuntime:
         self._lease.wake()
         self.drain = GracefulDrain(s.frontend.drain_timeout_s, self._end_open_requests)
         self._reaper = asyncio.get_running_loop().create_task(
-            run_reaper(self.registry, self.kv_policy.index, s.router.reaper_interval_s), name="kv-reaper")
+            run_reaper(self.registry, self.kv_policy.index, s.router.reaper_interval_s), name="reaper")
 
     async def _renew_lease(self) -> None:
         """Hold this frontend's lease: while it lives, workers keep running the requests it sent."""
@@ -70,12 +69,6 @@ class FrontendRuntime:
         """The drain deadline: every request still open ends with an error (and its worker stops it)."""
         self.hub.fail_all(ShuttingDown.code, "the frontend is shutting down and could not finish the request; "
                                              "retry it")
-
-    async def _forget_worker(self, worker_id: str) -> None:
-        """A worker's lease expired: drop its own queue (the requests in it already failed) and its
-        prefix-index entries (so no router credits it with cached blocks)."""
-        await self.redis.delete(self.keys.worker_queue(worker_id))
-        await self.kv_policy.index.purge(worker_id)
 
     def _make_policies(self) -> dict[str, Policy]:
         return {

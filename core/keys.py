@@ -2,6 +2,7 @@
 
 Everything lives under ``sluice:{namespace}:`` so several deployments can share one Redis server.
 Celery queue names use dots (``sluice.{ns}.{model}.{pool}``) because they are also routing keys.
+The broker's own keys for a queue (kombu's Redis transport) are named here too, for the reaper.
 """
 
 from __future__ import annotations
@@ -16,6 +17,32 @@ MAX_WORKER_SLOTS = 4096
 RATE_WINDOW_S = 60
 #: How long a window's counters outlive the window's start (tokens may still be charged late).
 RATE_WINDOW_TTL_S = 2 * RATE_WINDOW_S
+
+# kombu's Redis transport (the Celery broker), as configured by default; tests/third_party/test_kombu.py
+# checks these against kombu's own Channel.
+#: What kombu puts between a queue's name and its priority, and between the parts of a binding.
+KOMBU_SEP = "\x06\x16"
+#: The priorities kombu keeps a list for: priority 0 is the list named after the queue, the others
+#: the queue's name followed by ``KOMBU_SEP`` and the priority.
+KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
+#: The sets of an exchange's bindings (``%s``: the exchange), each member ``routing key, pattern, queue``.
+KOMBU_BINDING_SETS = ("_kombu.binding.%s", "_kombu.binding_permanent.%s")
+
+
+def broker_queue_lists(queue: str) -> list[str]:
+    """The Redis lists holding the messages of Celery queue ``queue``, one per priority."""
+    return [queue if pri == 0 else f"{queue}{KOMBU_SEP}{pri}" for pri in KOMBU_PRIORITY_STEPS]
+
+
+def broker_binding_sets(exchange: str) -> list[str]:
+    """The Redis sets listing the queues bound to ``exchange``."""
+    return [pattern % exchange for pattern in KOMBU_BINDING_SETS]
+
+
+def broker_binding_member(queue: str) -> str:
+    """A queue's member in its exchange's binding sets when bound with its own name as the routing key
+    (Celery binds every queue a worker adds so, to the app's default exchange)."""
+    return KOMBU_SEP.join((queue, "", queue))
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +71,13 @@ class Keys:
     def slots(self) -> str:
         """Hash slot -> worker_id: the bit positions handed out for the prefix index."""
         return f"{self.prefix}:slots"
+
+    @property
+    def worker_queues(self) -> str:
+        """Hash worker_id -> JSON ``{"queue", "exchange"}``: the worker's own Celery queue and the exchange
+        it is bound to. Written at registration, it outlives the lease: the reaper (router.reaper) reads
+        it to delete a gone worker's queue, then deletes the entry."""
+        return f"{self.prefix}:worker-queues"
 
     # --- prefix index (KV-aware routing) ---------------------------------------------------
     def kv_block_prefix(self, model: str) -> str:

@@ -106,7 +106,7 @@ class RouterSettings(BaseModel):
     approximate: bool = False
     #: A routed request's shared load prediction expires after this long if nobody releases it.
     inflight_ttl_s: float = Field(600.0, gt=0)
-    #: How often a router process looks for workers whose lease expired and purges their index entries.
+    #: How often a router process (frontend, router service) reaps gone workers (router.reaper).
     reaper_interval_s: float = Field(2.0, gt=0)
     host: str = "127.0.0.1"
     port: int = 8001

@@ -1,47 +1,118 @@
-"""Purges the prefix-index entries of workers that are gone, then lets the registry recycle their slots.
+"""The one reaper: forgets workers that are gone, everywhere at once. Any process may run it, several at
+once: the standalone router service and every frontend run :func:`run_reaper` in the background.
 
-Any process may run it, several at once (every step is idempotent): the standalone router service and
-the frontends run :func:`run_reaper` in the background.
+A worker is gone when its lease ended (it expired: the worker died or hangs; or the worker deregistered)
+at least :data:`REAP_GRACE_S` ago and it has not registered again. For each gone worker the reaper
+deletes, in atomic steps (router/lua/reap.lua), its prefix-index entries, then its own Celery queue
+with the messages still in it (every priority's list, and its binding: kombu's layout, core.keys),
+its queue record, its registry slot and its registry entry. Deleting the queue matters: the requests in it already failed at their
+frontends (their worker's lease ended), and a worker restarted under the same name must not serve them.
 
-A worker is gone when its lease expired (``Registry.expired_workers``), or when the index still holds
-bits for it (``kv-slots``) although it is not live: it deregistered, or its lease lapsed and was
-reaped elsewhere before the purge. The owners are read before the live list, so a worker that
-registers meanwhile is never taken for dead. Each sweep also drops the expired approximate-mode
-guesses of the workers that stay.
+Candidates come from three places, so none is missed whoever reaped part of it before: the registry's
+ended leases, the prefix index's slot owners, and the queue records. The liveness check is part of
+each step, so the order of the reads does not matter: a worker that registers again between the
+reaper's reads and its deletions keeps its queue and its index entries. Each sweep also drops the
+expired approximate-mode guesses of the workers that stay.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass
+from typing import Literal
 
-from router.prefix_index import PrefixIndex
-from router.registry import Registry
+from core.keys import broker_binding_member, broker_binding_sets, broker_queue_lists
+from core.lua import lua_script
+from router.prefix_index import PURGE_CHUNK_BLOCKS, PrefixIndex
+from router.registry import Registry, WorkerQueue
 
 log = logging.getLogger(__name__)
 
+#: How long after a lease ended the reaper leaves the worker alone. A frontend routes from a snapshot
+#: of the live workers refreshed every ``router.registry_refresh_s`` (0.25 s), so it may still push a
+#: request onto a worker's queue a moment after the lease ended; the queue is deleted after that
+#: moment, with the request, instead of before it (which would leave a queue nobody deletes).
+REAP_GRACE_S = 2.0
 
-async def reap_dead_workers(registry: Registry, index: PrefixIndex) -> list[str]:
-    """Purge every gone worker's index entries, then reap its registration. Returns the purged ids."""
-    owners = await index.owners()
-    expired = await registry.expired_workers()
-    live = {w.record.worker_id for w in await registry.live_workers()}
-    gone = sorted((set(owners.values()) - live) | set(expired))
-    for worker_id in gone:
-        cleared = await index.purge(worker_id)
-        if cleared:
-            log.info("purged %d index blocks of gone worker %s", cleared, worker_id)
-    for worker_id in expired:
-        await registry.reap(worker_id)
-    await index.expire_guesses(sorted(set(owners.values()) - set(gone)))
-    return gone
+ReapStatus = Literal["spared", "done"]
 
 
-async def run_reaper(registry: Registry, index: PrefixIndex, interval_s: float) -> None:
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """What reaping one worker did. ``spared``: the worker is live (again), or its lease ended less than
+    the grace ago: nothing was touched."""
+
+    worker_id: str
+    status: ReapStatus
+    blocks_cleared: int = 0
+    messages_dropped: int = 0
+    #: This reaper removed the registry entry (of several reapers racing, exactly one does).
+    removed: bool = False
+
+    @property
+    def acted(self) -> bool:
+        return self.status == "done" and bool(self.removed or self.blocks_cleared or self.messages_dropped)
+
+
+class Reaper:
+    def __init__(self, registry: Registry, index: PrefixIndex, grace_s: float = REAP_GRACE_S) -> None:
+        self.registry = registry
+        self.index = index
+        self.grace_s = grace_s
+        self._reap = registry.client.register_script(lua_script("router", "reap.lua"))
+
+    async def reap(self, worker_id: str) -> Reaped:
+        """Forget one worker, unless it is live or its lease ended less than the grace ago; idempotent."""
+        k = self.registry.keys
+        queue = await self.registry.worker_queue(worker_id) or WorkerQueue(k.worker_queue(worker_id), "")
+        lists = broker_queue_lists(queue.queue)
+        bindings = broker_binding_sets(queue.exchange) if queue.exchange else []
+        keys = [k.workers, k.worker(worker_id), k.load(worker_id), k.slots, k.worker_queues,
+                k.kv_worker_meta(worker_id), k.kv_worker(worker_id), k.kv_worker_approx(worker_id),
+                k.kv_slot_owners, k.kv_slot_tags, *lists, *bindings]
+        cleared = 0
+        while True:
+            ended_before = time.time() - self.grace_s
+            args = [worker_id, ended_before, PURGE_CHUNK_BLOCKS, len(lists), broker_binding_member(queue.queue)]
+            status, blocks, dropped, removed = await self._reap(keys=keys, args=args)
+            cleared += int(blocks)
+            status = status.decode()
+            if status == "spared":
+                return Reaped(worker_id, "spared", cleared)
+            if status == "done":
+                return Reaped(worker_id, "done", cleared, int(dropped), bool(removed))
+
+    async def sweep(self) -> list[Reaped]:
+        """Reap every gone worker; returns what was done to each candidate that was not spared."""
+        owners = set((await self.index.owners()).values())
+        candidates = owners | set(await self.registry.expired_workers()) | set(await self.registry.recorded_workers())
+        live = {w.record.worker_id for w in await self.registry.live_workers()}
+        done = []
+        for worker_id in sorted(candidates - live):
+            reaped = await self.reap(worker_id)
+            if reaped.status == "done":
+                done.append(reaped)
+            if reaped.acted:
+                log.info("reaped gone worker %s: %d index blocks, %d queued messages dropped", worker_id,
+                         reaped.blocks_cleared, reaped.messages_dropped)
+        await self.index.expire_guesses(sorted(owners & live))
+        return done
+
+
+async def reap_dead_workers(registry: Registry, index: PrefixIndex, *, grace_s: float = REAP_GRACE_S) -> list[str]:
+    """One sweep (:meth:`Reaper.sweep`); returns the ids of the workers this call reaped something of."""
+    return [r.worker_id for r in await Reaper(registry, index, grace_s).sweep() if r.acted]
+
+
+async def run_reaper(registry: Registry, index: PrefixIndex, interval_s: float, *,
+                     grace_s: float = REAP_GRACE_S) -> None:
     """Reap forever, every ``interval_s``; survives Redis hiccups. Cancel the task to stop it."""
+    reaper = Reaper(registry, index, grace_s)
     while True:
         try:
-            await reap_dead_workers(registry, index)
+            await reaper.sweep()
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - a reaper must outlive Redis restarts

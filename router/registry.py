@@ -2,13 +2,16 @@
 
 Layout (see core.keys): ``worker:{id}`` hash and ``load:{id}`` hash, both with the lease TTL;
 ``workers`` sorted set of worker ids scored by lease expiry (unix seconds); ``slots`` hash
-slot -> worker id. A worker that stops heartbeating drops out of :meth:`Registry.live_workers`
-as soon as its lease expiry passes, whether or not anyone reaped it yet. Reaping (removing the
-sorted-set entry and recycling the slot) is idempotent and may run in any process.
+slot -> worker id; ``worker-queues`` hash worker id -> its own Celery queue and that queue's exchange,
+kept after the lease. A worker that stops heartbeating drops out of :meth:`Registry.live_workers` as
+soon as its lease expiry passes, whether or not anyone reaped it yet; a worker that deregisters ends
+its lease at once. Forgetting a gone worker (its sorted-set entry, its slot, its queue) is the
+reaper's job (router.reaper), which runs in any process and leaves alone a worker whose lease is live.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, fields
 
@@ -57,10 +60,23 @@ class WorkerLoad:
     updated_at: float = 0.0
     #: Shutting down: it finishes what it runs and takes nothing new (routers leave it out).
     draining: bool = False
+    #: Times the worker rebuilt its prefix-index entries to repair them, since it started (workers.kv_relay).
+    kv_resyncs: int = 0
 
     @property
     def kv_usage(self) -> float:
         return self.active_blocks / self.total_blocks if self.total_blocks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerQueue:
+    """Where a worker's own tasks wait: its Celery queue and the exchange that queue is bound to.
+
+    Celery binds every queue a worker consumes to the app's default exchange, which is named after the
+    app's default queue: the worker's pool queue (workers.celery_app)."""
+
+    queue: str
+    exchange: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +106,6 @@ def _coerce(cls: type, data: dict[str, str]) -> object:
             values[f.name] = _PARSERS[name](data[f.name])
     return cls(**values)
 
-
-
-
 class Registry:
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self.client = client
@@ -100,9 +113,13 @@ class Registry:
         self._claim = client.register_script(lua_script("router", "claim_slot.lua"))
 
     async def register(self, record: WorkerRecord, load: WorkerLoad, ttl_s: float) -> WorkerRecord:
-        """Claim a slot and write the registration under a fresh lease; returns the record with its slot."""
+        """Claim a slot and write the registration under a fresh lease; returns the record with its slot.
+
+        The lease starts with the claim (one script), so a reaper never takes a worker that is
+        registering again under its old name for dead (router/lua/reap.lua)."""
         now = time.time()
-        slot = int(await self._claim(keys=[self.keys.slots, self.keys.workers], args=[record.worker_id, MAX_WORKER_SLOTS, now]))
+        slot = int(await self._claim(keys=[self.keys.slots, self.keys.workers],
+                                     args=[record.worker_id, MAX_WORKER_SLOTS, now, now + ttl_s]))
         if slot < 0:
             raise RuntimeError(f"no free worker slot (at most {MAX_WORKER_SLOTS} workers per namespace)")
         record = WorkerRecord(**{**asdict(record), "slot": slot})
@@ -118,6 +135,8 @@ class Registry:
             pipe.hset(lkey, mapping={k: str(v) for k, v in asdict(load).items()})
             pipe.pexpire(lkey, ttl_ms)
             pipe.zadd(self.keys.workers, {record.worker_id: time.time() + ttl_s})
+            pipe.hset(self.keys.worker_queues, record.worker_id,
+                      json.dumps(asdict(WorkerQueue(record.queue, record.pool_queue))))
             await pipe.execute()
 
     async def heartbeat(self, record: WorkerRecord, load: WorkerLoad, ttl_s: float) -> WorkerRecord | None:
@@ -137,11 +156,12 @@ class Registry:
         return None
 
     async def deregister(self, worker_id: str) -> None:
+        """End the worker's lease now (a clean shutdown): routers drop it at their next refresh, and the
+        reaper forgets it (its slot, its queue and what is left in it, its index entries)."""
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(self.keys.worker(worker_id), self.keys.load(worker_id))
-            pipe.zrem(self.keys.workers, worker_id)
+            pipe.zadd(self.keys.workers, {worker_id: time.time()})
             await pipe.execute()
-        await self._free_slots_of(worker_id)
 
     async def live_workers(self, model: str | None = None) -> list[LiveWorker]:
         """Workers whose lease has not expired, in two round trips."""
@@ -169,16 +189,15 @@ class Registry:
         return out
 
     async def expired_workers(self) -> list[str]:
+        """Workers whose lease ended (expired, or deregistered) and whom no reaper has forgotten yet."""
         now = time.time()
         return [w.decode() for w in await self.client.zrangebyscore(self.keys.workers, "-inf", now)]
 
-    async def reap(self, worker_id: str) -> None:
-        """Forget a worker whose lease expired: its sorted-set entry and its slot."""
-        await self.client.zrem(self.keys.workers, worker_id)
-        await self._free_slots_of(worker_id)
+    async def recorded_workers(self) -> list[str]:
+        """Every worker whose queue is on record: live ones, and gone ones not reaped yet."""
+        return [w.decode() for w in await self.client.hkeys(self.keys.worker_queues)]
 
-    async def _free_slots_of(self, worker_id: str) -> None:
-        slots = await self.client.hgetall(self.keys.slots)
-        mine = [s for s, w in slots.items() if w.decode() == worker_id]
-        if mine:
-            await self.client.hdel(self.keys.slots, *mine)
+    async def worker_queue(self, worker_id: str) -> WorkerQueue | None:
+        """The worker's own queue, as it registered it (None: no record, e.g. already reaped)."""
+        raw = await self.client.hget(self.keys.worker_queues, worker_id)
+        return WorkerQueue(**json.loads(raw)) if raw else None

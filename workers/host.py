@@ -45,7 +45,6 @@ from core.messages import (
     ControlCommand,
     ErrorInfo,
     GenerateRequest,
-    KvEvent,
     TokenDelta,
     decode_control,
     encode_control,
@@ -57,8 +56,9 @@ from core.redis_client import background_client
 from core.settings import Settings
 from core.wire import GENERATE_TASK, task_message
 from router.registry import Registry, WorkerIdentity, WorkerLoad, WorkerRecord
-from workers.engines.base import Engine, EngineRequest
+from workers.engines.base import Engine, EngineKvEvent, EngineRequest
 from workers.kv_relay import KvRelay
+from workers.metrics import WorkerMetrics
 from workers.publisher import DeltaPublisher
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class EngineHost:
     identity: WorkerIdentity
     keys: Keys = field(init=False)
     record: WorkerRecord | None = field(default=None, init=False)
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics, init=False)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.settings.redis.namespace)
@@ -131,10 +132,10 @@ class EngineHost:
         self.publisher = DeltaPublisher(self.redis)
         self.publisher.start()
         self.registry = Registry(self.redis, self.keys)
-        self.kv = KvRelay(self.redis, self.keys, self.identity.worker_id, self.identity.model)
+        self.kv = KvRelay(self.redis, self.keys, self.identity.worker_id, self.identity.model, self.metrics)
         await self.engine.start(self._on_kv_events)
 
-    def _on_kv_events(self, events: Sequence[KvEvent]) -> None:
+    def _on_kv_events(self, events: Sequence[EngineKvEvent]) -> None:
         if self.kv_events:
             self.kv.push(events)
 
@@ -157,7 +158,8 @@ class EngineHost:
         )
 
     def _load(self) -> WorkerLoad:
-        return replace(self.engine.load(), updated_at=time.time(), draining=self._draining)
+        return replace(self.engine.load(), updated_at=time.time(), draining=self._draining,
+                       kv_resyncs=self.metrics.kv_index_resyncs_total())
 
     async def _drain(self) -> None:
         """Say ``draining`` in the load record now, not at the next heartbeat; at the drain deadline,

@@ -5,11 +5,15 @@ the worker's next event id, applied atomically by ``PrefixIndex.apply`` (which a
 capped ``kv-events`` stream for observers). The index then lists exactly what the engine caches.
 
 Resync: the relay replaces the worker's whole index state with the engine's cache
-(``engine.cached_block_hashes()``) when it starts (go-live), when the worker registered again (its
-lease was lost, e.g. Redis restarted or was flushed), when ``apply`` reports a gap (the index lost
-track: a batch failed to reach Redis, the keys were flushed, the slot changed) and after any Redis
-error. Events and the snapshot are taken on the engine loop, so a snapshot already includes every
-event still pending; those are dropped and the batches after it continue the numbering.
+(``engine.cached_block_hashes()``) when it starts (go-live), and to repair the index when it lost
+track of the engine (:data:`ResyncReason`): the engine lost track of its own cache (a ``KvTrackLost``
+among its events: its reports had a ``gap`` or were ``undecodable``), ``apply`` ``refused`` a batch
+(the index lost track: a batch failed to reach Redis, the keys were flushed, the slot changed), the
+worker registered again (``lease_lost``: e.g. Redis restarted or was flushed), or a ``redis_error``
+failed a step. Each repair is logged at WARNING and counted in ``sluice_kv_index_resyncs_total``
+(workers.metrics), once per resync: requests that arrive while one is pending share it. Events and
+the snapshot are taken on the engine loop, so a snapshot already includes every event still
+pending; those are dropped and the batches after it continue the numbering.
 
 On shutdown the worker's entries are purged (``close``); a worker that dies without closing is purged
 by the reaper when its lease ends.
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from typing import Literal, get_args
 
 import redis.asyncio as aioredis
 
@@ -27,6 +32,8 @@ from core.keys import Keys
 from core.loops import BackgroundLoop, Backoff
 from core.messages import KvEvent, KvEventBatch
 from router.prefix_index import PrefixIndex
+from workers.engines.base import EngineKvEvent, KvTrackLost
+from workers.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +42,30 @@ RETRY_DELAY_S = 0.5
 
 Snapshot = Callable[[], list[int]]
 
+#: Why the relay rebuilt the index from the engine's cache to repair it (module docstring).
+ResyncReason = Literal["gap", "undecodable", "refused", "lease_lost", "redis_error"]
+RESYNC_REASONS: tuple[ResyncReason, ...] = get_args(ResyncReason)
+
 
 class KvRelay:
     """One per worker, on the engine loop. ``push`` is the engine's KV sink (never blocks)."""
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, worker_id: str, model: str) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, worker_id: str, model: str,
+                 metrics: WorkerMetrics | None = None) -> None:
         self.index = PrefixIndex(client, keys)
         self.worker_id = worker_id
         self.model = model
+        self.metrics = metrics or WorkerMetrics()
+        for reason in RESYNC_REASONS:  # every reason's series exists from the start, at 0
+            self.metrics.kv_index_resyncs.labels(reason)
         self.slot = -1
         self.event_id = 0
         self._snapshot: Snapshot = list
         self._pending: list[KvEvent] = []
         self._resync_needed = False
+        #: Why the pending resync repairs the index (None: it is the go-live one, no repair).
+        self._resync_reason: ResyncReason | None = None
+        self._started = False
         self._synced: asyncio.Event | None = None
         self._idle = asyncio.Event()
         self._relay = BackgroundLoop("kv-relay", self._relay_pending, backoff=Backoff(first_s=RETRY_DELAY_S),
@@ -58,16 +76,27 @@ class KvRelay:
         failure deferred it to the relay's retries). Called at go-live and after every re-registration."""
         self.slot = slot
         self._snapshot = snapshot
-        self._resync_needed = True
+        self._request_resync("lease_lost" if self._started else None)
+        self._started = True
         self._synced = asyncio.Event()
         self._relay.start()
         self._relay.wake()
         await self._synced.wait()
 
-    def push(self, events: Sequence[KvEvent]) -> None:
-        self._pending.extend(events)
+    def push(self, events: Sequence[EngineKvEvent]) -> None:
+        for event in events:
+            if isinstance(event, KvTrackLost):
+                self._request_resync(event.reason)
+            else:
+                self._pending.append(event)
         self._idle.clear()
         self._relay.wake()
+
+    def _request_resync(self, reason: ResyncReason | None) -> None:
+        """Ask for a resync; one already pending keeps its reason (and stays uncounted if it is the go-live one)."""
+        if not self._resync_needed:
+            self._resync_reason = reason
+        self._resync_needed = True
 
     async def drained(self) -> None:
         """Wait until every event pushed so far reached the index (tests, benchmarks)."""
@@ -86,21 +115,27 @@ class KvRelay:
 
     def _failed(self, exc: Exception) -> None:
         """Redis failed the relay: the batch may be lost, so the index is rebuilt from the engine."""
-        self._resync_needed = True
+        self._request_resync("redis_error")
         self._mark_synced()  # start() must not hang while Redis is away
 
     async def _resync(self) -> None:
         self._pending = []  # the snapshot, taken on this loop, already reflects them
         hashes = self._snapshot()
         self.event_id += 1
+        reason, self._resync_reason = self._resync_reason, None
         self._resync_needed = False
         try:
             written = await self.index.resync(self.worker_id, self.slot, self.model, hashes, self.event_id)
         except BaseException:
-            self._resync_needed = True
+            self._request_resync(reason)
             raise
-        log.info("KV index resynced for %s: %d blocks (event %d, slot %d)", self.worker_id, written,
-                 self.event_id, self.slot)
+        if reason is None:
+            log.info("KV index resynced for %s: %d blocks (event %d, slot %d)", self.worker_id, written,
+                     self.event_id, self.slot)
+        else:
+            self.metrics.kv_index_resyncs.labels(reason).inc()
+            log.warning("KV index of %s rebuilt from its engine's cache (%s): %d blocks (event %d, slot %d)",
+                        self.worker_id, reason, written, self.event_id, self.slot)
         self._mark_synced()
 
     async def _apply(self) -> None:
@@ -110,7 +145,7 @@ class KvRelay:
                                         slot=self.slot, model=self.model)
         if result.needs_resync:
             log.info("KV index refused batch %d of %s (%s); resyncing", self.event_id, self.worker_id, result.status)
-            self._resync_needed = True
+            self._request_resync("refused")
 
     def _mark_synced(self) -> None:
         if self._synced is not None:

@@ -45,6 +45,29 @@ local function unclaim(owners, tags, slot, wid)
   end
 end
 
+-- Clears up to budget of a worker's blocks (events set, then approximate zset) at its recorded slot.
+-- Returns more (1: blocks are left, call again), blocks cleared. When none is left the worker's meta
+-- and its slot ownership go too, and only then may another worker write at that slot.
+local function purge_worker(meta_key, blocks_key, approx_key, owners_key, tags_key, worker_id, budget)
+  local meta = redis.call('HMGET', meta_key, 'slot', 'bprefix')
+  local slot, prefix = tonumber(meta[1]), meta[2]
+  if not slot then
+    redis.call('DEL', blocks_key, approx_key)
+    return 0, 0
+  end
+  local hs = redis.call('SPOP', blocks_key, budget)
+  for _, h in ipairs(hs) do clear(prefix .. h, slot) end
+  local n = #hs
+  if n < budget then
+    local zs = redis.call('ZPOPMIN', approx_key, budget - n)
+    for i = 1, #zs, 2 do clear(prefix .. zs[i], slot); n = n + 1 end
+  end
+  if redis.call('EXISTS', blocks_key, approx_key) > 0 then return 1, n end
+  redis.call('DEL', meta_key)
+  unclaim(owners_key, tags_key, slot, worker_id)
+  return 0, n
+end
+
 -- Clears every block a worker holds (events set, if given, and approximate zset) at its recorded slot.
 local function clear_worker(meta_key, set_key, zset_key)
   local meta = redis.call('HMGET', meta_key, 'slot', 'bprefix')

@@ -12,20 +12,5 @@ local tags_key = KEYS[5]    -- slot owner tags
 local worker_id = ARGV[1]
 local budget = tonumber(ARGV[2])  -- most blocks to clear in this call
 
-local meta = redis.call('HMGET', meta_key, 'slot', 'bprefix')
-local slot, prefix = tonumber(meta[1]), meta[2]
-if not slot then
-  redis.call('DEL', blocks_key, approx_key)
-  return {0, 0}
-end
-local hs = redis.call('SPOP', blocks_key, budget)
-for _, h in ipairs(hs) do clear(prefix .. h, slot) end
-local n = #hs
-if n < budget then
-  local zs = redis.call('ZPOPMIN', approx_key, budget - n)
-  for i = 1, #zs, 2 do clear(prefix .. zs[i], slot); n = n + 1 end
-end
-if redis.call('EXISTS', blocks_key, approx_key) > 0 then return {1, n} end
-redis.call('DEL', meta_key)
-unclaim(owners_key, tags_key, slot, worker_id)
-return {0, n}
+local more, n = purge_worker(meta_key, blocks_key, approx_key, owners_key, tags_key, worker_id, budget)
+return {more, n}

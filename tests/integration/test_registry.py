@@ -9,6 +9,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from core.keys import Keys
+from router.prefix_index import PrefixIndex
+from router.reaper import reap_dead_workers
 from router.registry import Registry, WorkerLoad, WorkerRecord
 
 
@@ -49,7 +51,7 @@ async def test_expired_lease_drops_out_and_slot_is_recycled(registry: Registry) 
         assert time.monotonic() < deadline, "lease did not expire"
         await asyncio.sleep(0.05)
     assert await registry.expired_workers() == ["a"]
-    await registry.reap("a")
+    assert await reap_dead_workers(registry, PrefixIndex(registry.client, registry.keys), grace_s=0) == ["a"]
     b = await registry.register(record("b"), WorkerLoad(), 5)
     assert b.slot == a.slot
 
@@ -64,8 +66,10 @@ async def test_heartbeat_reregisters_after_the_registration_vanished(registry: R
     assert [w.record.worker_id for w in await registry.live_workers()] == ["a"]
 
 
-async def test_deregister_frees_everything(registry: Registry) -> None:
+async def test_deregister_ends_the_lease_and_the_reaper_frees_everything(registry: Registry) -> None:
     await registry.register(record("a"), WorkerLoad(), 5)
     await registry.deregister("a")
     assert await registry.live_workers() == []
-    assert await registry.client.hlen(registry.keys.slots) == 0
+    assert await registry.expired_workers() == ["a"]
+    assert await reap_dead_workers(registry, PrefixIndex(registry.client, registry.keys), grace_s=0) == ["a"]
+    assert await registry.client.keys(f"{registry.keys.prefix}:*") == []

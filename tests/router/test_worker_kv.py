@@ -161,13 +161,13 @@ def test_shutdown_purges_and_a_dead_worker_is_reaped(redis_server: RedisServer, 
         client = redis.asyncio.from_url(redis_server.url)
         try:
             registry, index = Registry(client, keys), PrefixIndex(client, keys)
-            while not await registry.expired_workers():
+            while "dying" not in await registry.expired_workers():
                 await asyncio.sleep(0.05)
-            return await reap_dead_workers(registry, index)
+            return await reap_dead_workers(registry, index, grace_s=0)
         finally:
             await client.aclose()
 
-    assert asyncio.run(reap()) == ["dying"]
+    assert asyncio.run(reap()) == ["clean", "dying"]  # the clean one ended its lease, the reaper forgets it
     assert index_state(redis_client, keys, "dying") == set() and bitmaps_state(redis_client, keys, slot) == set()
     dying.stop()
 
@@ -184,6 +184,9 @@ def test_resync_after_flushall() -> None:
         wait_until(lambda: client.exists(keys.worker("w1")) and in_sync(host, client, keys), 10,
                    "the worker to register again and republish its cache")
         assert index_state(client, keys, "w1")
+        lease_lost = host.metrics.registry.get_sample_value("sluice_kv_index_resyncs_total", {"reason": "lease_lost"})
+        assert lease_lost and lease_lost >= 1  # the repair is counted, and the heartbeat's load record says so
+        wait_until(lambda: int(client.hget(keys.load("w1"), "kv_resyncs") or 0) >= lease_lost, 10, "the count")
         serve(host, prompt(40, salt=4))  # and it keeps relaying afterwards
         wait_until(lambda: in_sync(host, client, keys), 10, "the next request's blocks")
     finally:

@@ -14,6 +14,8 @@ sse-starlette   ``EventSourceResponse._send_with_timeout``, called     app/api/s
 celery, kombu   ``Consumer.on_send_event_buffered`` (wired by the      workers/consumer.py             test_celery.py
                 ``Events`` bootstep), ``Consumer._flush_events``,
                 the consumer's ``Hub.call_soon``/``call_later``
+kombu           the Redis transport's keys for a queue (one list per   router/reaper.py via            test_kombu_redis.py
+                priority, ``_kombu.binding*`` set members)             core/keys.py
 vllm            ``AsyncLLM.is_sleeping()`` as an ordering barrier      workers/engines/vllm_engine.py  test_vllm.py (``-m vllm``)
                 after ``abort``; ``reset_prefix_cache(
                 reset_running_requests=True)``

@@ -1,4 +1,5 @@
-"""workers.engines.vllm_kv_events: vLLM KV events -> Sluice block hashes (no vLLM needed).
+"""workers.engines.vllm_kv_events: vLLM KV events -> Sluice block hashes, and what is lost on the way
+(no vLLM needed).
 
 Where vLLM is installed, its own event classes encode a batch that the wire structs decode.
 """
@@ -12,12 +13,17 @@ import pytest
 
 from core.messages import AllBlocksCleared, BlockRemoved, BlockStored
 from router.hashing import block_hashes, root_hash
+from tests.support.kv_events import KvEventLog
+from workers.engines.base import KvTrackLost
 from workers.engines.vllm_kv_events import (
+    KvEventFeed,
     KvEventTranslator,
+    UndecodableBatch,
     WireAllBlocksCleared,
     WireBlockRemoved,
     WireBlockStored,
     decode_batch,
+    sequence_gap,
 )
 
 B = 4
@@ -153,3 +159,103 @@ def test_decode_batch_reads_vllms_own_encoding() -> None:
         BlockRemoved(block_hashes=[SLUICE[1]]),
         AllBlocksCleared(),
     ]
+
+
+# ---- lost and unreadable reports ---------------------------------------------------------------------
+
+
+def test_sequence_gap_names_what_was_lost() -> None:
+    assert sequence_gap(0, 0) is None and sequence_gap(41, 41) is None
+    assert sequence_gap(5, 6) == "batch 5 was lost"
+    assert sequence_gap(5, 9) == "batches 5..8 were lost"
+    assert sequence_gap(0, 3) == "batches 0..2 were lost"  # the first batches never came
+    assert sequence_gap(9, 0) == "the batch numbering went back from 9 to 0"
+
+
+def _event(kind: str, **fields: object) -> dict:
+    return {"type": kind, **fields}
+
+
+def _payload(*events: dict) -> bytes:
+    return msgspec.msgpack.encode([1.0, list(events), 0])
+
+
+def test_an_unreadable_batch_or_known_event_is_undecodable_and_an_unknown_kind_is_skipped() -> None:
+    removed = _event("BlockRemoved", block_hashes=[11], medium="GPU")
+    assert decode_batch(_payload(_event("SomethingNew", x=1), removed)) == [WireBlockRemoved([11], "GPU")]
+    for payload in (b"\xc1 not msgpack", msgspec.msgpack.encode({"not": "a batch"}),
+                    _payload(removed, _event("BlockStored", block_hashes="not a list")),
+                    _payload(removed, {"no": "type"}), _payload(removed, 7)):
+        with pytest.raises(UndecodableBatch):
+            decode_batch(payload)
+
+
+def _frames(seq: int, payload: bytes) -> list[bytes]:
+    return [b"kv", seq.to_bytes(8, "big"), payload]
+
+
+def test_the_feed_forgets_what_it_can_no_longer_vouch_for() -> None:
+    """A gap (or an unreadable message) makes the translator forget every block and the sink get a
+    KvTrackLost, in order; the batch that revealed the gap is applied after it."""
+    sink, tr = KvEventLog(), KvEventTranslator(MODEL, B)
+    feed = KvEventFeed(tr, sink)
+    store = _event("BlockStored", block_hashes=[11, 12], parent_block_hash=None, token_ids=PROMPT[: 2 * B],
+                   block_size=B, medium="GPU")
+    feed.receive(_frames(0, _payload(store)))
+    assert sink.events == [BlockStored(SLUICE[:2])] and feed.next_seq == 1
+
+    child = _event("BlockStored", block_hashes=[13], parent_block_hash=12, token_ids=PROMPT[2 * B : 3 * B],
+                   block_size=B, medium="GPU")
+    root = _event("BlockStored", block_hashes=[21], parent_block_hash=None, token_ids=PROMPT[:B], block_size=B)
+    feed.receive(_frames(3, _payload(child, root)))  # batches 1 and 2 never came
+    assert sink.events[1:] == [KvTrackLost("gap", "batches 1..2 were lost"), BlockStored(SLUICE[:1])]
+    assert tr.cached_hashes() == [SLUICE[0]]  # the child of a forgotten block cannot be placed
+
+    feed.receive(_frames(4, b"\xc1"))
+    feed.receive([b"kv", b"\x00"])
+    lost = sink.events[3:]
+    assert [(e.reason, type(e)) for e in lost] == [("undecodable", KvTrackLost)] * 2  # type: ignore[union-attr]
+    assert tr.cached_hashes() == [] and feed.next_seq == 5
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+async def test_the_feed_reads_vllms_own_publisher_over_zmq() -> None:
+    """vLLM's ZMQ publisher, connecting to the worker's subscriber as the engine configures it: its
+    frames and numbering are what the feed expects (no loss reported), and its batches translate."""
+    import asyncio
+
+    from vllm.distributed import kv_events as v
+
+    from workers.engines.vllm_kv_subscriber import KvEventSubscriber
+
+    subscriber = KvEventSubscriber()
+    publisher = v.ZmqEventPublisher(0, endpoint=subscriber.endpoint, topic="kv")
+    sink, tr = KvEventLog(), KvEventTranslator(MODEL, B)
+    feed = KvEventFeed(tr, sink)
+    batches = [v.BlockStored(block_hashes=[11 + i], parent_block_hash=10 + i if i else None,
+                             token_ids=PROMPT[i * B : (i + 1) * B], block_size=B, lora_id=None, medium=v.MEDIUM_GPU,
+                             lora_name=None) for i in range(3)]
+    messages = subscriber.messages()
+    try:
+        # A PUB socket drops what it sends before the connection is up: send empty batches until one
+        # arrives (any that follow it are in sequence and carry nothing).
+        async def connected() -> list[bytes]:
+            while True:
+                publisher.publish(v.KVEventBatch(ts=1.0, events=[]))
+                try:
+                    return await asyncio.wait_for(messages.__anext__(), 0.5)
+                except TimeoutError:
+                    continue
+        frames = await connected()
+        feed.next_seq = int.from_bytes(frames[1], "big")
+        feed.receive(frames)
+        for event in batches:
+            publisher.publish(v.KVEventBatch(ts=1.0, events=[event]))
+        while len(sink.events) < 3:
+            feed.receive(await asyncio.wait_for(messages.__anext__(), 10))
+        assert sink.events == [BlockStored(SLUICE[:1]), BlockStored(SLUICE[1:2], SLUICE[0]),
+                               BlockStored(SLUICE[2:3], SLUICE[1])]
+    finally:
+        publisher.shutdown()
+        subscriber.close()

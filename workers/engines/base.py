@@ -32,6 +32,11 @@ Contract (checked by tests/engines/test_conformance.py, which every engine must 
   ``root_hash(info.model, lora)``), from the engine loop thread; the sink never blocks. An engine
   whose :attr:`Engine.publishes_kv_events` is False never calls the sink (routers then guess its
   cache from their own decisions: approximate mode).
+* An engine that learns its cache from elsewhere (vLLM's published events) and loses track of it
+  (reports that never came, or that it cannot read) tells the sink with a :class:`KvTrackLost`, in
+  order with its events: every block it reported before may be gone, and from then on
+  ``cached_block_hashes()`` lists only what it can vouch for. The host then rebuilds the index from
+  it (workers.kv_relay).
 * ``cached_block_hashes()`` lists every block hash currently in the prefix cache (for resync).
 * ``clear_kv_cache()`` drops from the prefix cache every block no running request holds, and it
   never refuses because requests are running. Blocks that running requests hold may be
@@ -58,7 +63,7 @@ import abc
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from core.messages import FinishReason, KvEvent, SamplingParams, Usage
 from router.registry import WorkerLoad
@@ -108,15 +113,33 @@ class EngineOutput:
     kv_handle: dict[str, Any] | None = None
 
 
+#: Why an engine lost track of its cache: reports were lost on the way (a ``gap`` in their numbering)
+#: or came ``undecodable``.
+KvLossReason = Literal["gap", "undecodable"]
+
+
+@dataclass(frozen=True, slots=True)
+class KvTrackLost:
+    """Not a change of the cache: the engine lost track of it (see the contract). ``detail`` says what
+    was lost, for the logs."""
+
+    reason: KvLossReason
+    detail: str
+
+
+#: What an engine hands its KV sink: the changes of its cache, in order, and where it lost track.
+EngineKvEvent = KvEvent | KvTrackLost
+
+
 class KvEventSink(Protocol):
-    def __call__(self, events: Sequence[KvEvent]) -> None: ...
+    def __call__(self, events: Sequence[EngineKvEvent]) -> None: ...
 
 
-def discard_kv_events(events: Sequence[KvEvent]) -> None:
+def discard_kv_events(events: Sequence[EngineKvEvent]) -> None:
     """A sink that drops events (for tests and engines run without a router)."""
 
 
-def emit_kv_events(sink: KvEventSink, events: Sequence[KvEvent]) -> None:
+def emit_kv_events(sink: KvEventSink, events: Sequence[EngineKvEvent]) -> None:
     """Hand ``events`` to the host's sink (nothing when empty). A failing sink is logged, not
     raised: the sink belongs to the host, and a broken one must not stop generation."""
     if not events:

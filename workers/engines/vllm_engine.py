@@ -27,7 +27,9 @@ How the contract is met:
   that one whose submission was under way is aborted too, before its engine core stops.
 * KV events: vLLM publishes them over ZMQ to a loopback socket bound here
   (:mod:`workers.engines.vllm_kv_subscriber`); :mod:`workers.engines.vllm_kv_events` turns them
-  into Sluice block hashes, handed to the sink from the engine loop.
+  into Sluice block hashes, handed to the sink from the engine loop. Lost or unreadable batches
+  make the translator forget what it knew and the sink get a ``KvTrackLost`` (the host rebuilds
+  the index).
 * ``load()`` is counted here, synchronously: requests without output yet are waiting, the
   others running; active blocks are each live request's ``ceil(tokens / block_size)`` (shared
   prefix blocks counted once per request: an upper bound).
@@ -78,7 +80,7 @@ from workers.engines.base import (
     discard_kv_events,
     emit_kv_events,
 )
-from workers.engines.vllm_kv_events import KvEventTranslator, decode_batch
+from workers.engines.vllm_kv_events import KvEventFeed, KvEventTranslator
 from workers.engines.vllm_kv_subscriber import KvEventSubscriber
 from workers.engines.vllm_kv_transfer import (
     KvTransferSetup,
@@ -463,10 +465,6 @@ class VllmEngine(Engine):
 
     async def _pump_kv_events(self) -> None:
         assert self._subscriber is not None and self._translator is not None
-        async for payload in self._subscriber.payloads():
-            try:
-                events = self._translator.apply(decode_batch(payload))
-            except Exception:  # noqa: BLE001 - one bad batch must not stop the event stream
-                log.exception("could not translate a vLLM KV event batch")
-                continue
-            emit_kv_events(self._sink, events)
+        feed = KvEventFeed(self._translator, self._sink)
+        async for frames in self._subscriber.messages():
+            feed.receive(frames)

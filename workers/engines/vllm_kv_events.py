@@ -17,21 +17,31 @@ Invariants:
   hash is harmless (a router's index is a set), so stores are always forwarded whole, keeping
   their chain order and parent.
 
+* Lost reports (:class:`KvEventFeed`): vLLM's publisher numbers its batches and drops some when its
+  subscriber falls behind; a batch may also be unreadable. Either way the translator can no longer
+  vouch for any block it knows (a lost ``BlockRemoved`` may concern any of them), and vLLM cannot be
+  asked what it caches: the translator forgets everything and the sink gets a
+  :class:`workers.engines.base.KvTrackLost`, on which the host rebuilds the index from
+  ``cached_hashes()``. From then on the index lists a subset of vLLM's cache, never a block vLLM
+  dropped: blocks cached before the loss (and blocks stored on top of them) are left out until vLLM
+  computes them again.
+
 The wire structs mirror the fields of vLLM's ``vllm.distributed.kv_events`` that Sluice reads;
 unknown fields and unknown event kinds are ignored, so this module imports neither vLLM nor ZMQ
-and is tested without them.
+and is tested without them (the ZMQ socket is workers.engines.vllm_kv_subscriber).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import msgspec
 
 from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from router.hashing import block_hashes, root_hash
+from workers.engines.base import KvEventSink, KvLossReason, KvTrackLost, emit_kv_events
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +81,54 @@ class _WireBatch(msgspec.Struct, array_like=True):
 
 _batch_decoder = msgspec.msgpack.Decoder(_WireBatch)
 _event_decoder = msgspec.msgpack.Decoder(WireEvent)
+_KNOWN_KINDS = frozenset(cls.__struct_config__.tag for cls in (WireBlockStored, WireBlockRemoved, WireAllBlocksCleared))
+
+
+class UndecodableBatch(ValueError):
+    """A published batch, or an event in it of a kind this module knows, could not be read."""
 
 
 def decode_batch(payload: bytes) -> list[WireEvent]:
-    """The events of one published batch, skipping kinds this module does not know."""
+    """The events of one published batch, skipping kinds this module does not know (a newer vLLM's).
+    Raises :class:`UndecodableBatch` when the batch cannot be read, or an event of a known kind: what
+    it reported is lost."""
+    try:
+        raw_events = _batch_decoder.decode(payload).events
+    except msgspec.DecodeError as exc:
+        raise UndecodableBatch(f"a batch of {len(payload)} bytes could not be read: {exc}") from exc
     events: list[WireEvent] = []
-    for raw in _batch_decoder.decode(payload).events:
+    for raw in raw_events:
         try:
             events.append(_event_decoder.decode(raw))
-        except msgspec.ValidationError:
-            log.debug("skipping an unknown vLLM KV event")
+        except msgspec.DecodeError as exc:
+            kind = _kind(raw)
+            if kind is None or kind in _KNOWN_KINDS:
+                raise UndecodableBatch(f"a {kind or 'untagged'} event could not be read: {exc}") from exc
+            log.debug("skipping a vLLM KV event of unknown kind %r", kind)
     return events
+
+
+def _kind(raw: msgspec.Raw) -> str | None:
+    """The ``type`` tag of an encoded event, if it has one."""
+    try:
+        value = msgspec.msgpack.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def sequence_gap(expected: int, seq: int) -> str | None:
+    """What was lost before batch ``seq`` when batch ``expected`` was due (None: nothing).
+
+    The publisher numbers its batches from 0 and drops what its subscriber does not take in time: a
+    number past ``expected`` means the batches in between were lost. A number before it means a
+    publisher that counts afresh: what the earlier batches described cannot be followed either."""
+    if seq == expected:
+        return None
+    if seq > expected:
+        return f"batches {expected}..{seq - 1} were lost" if seq > expected + 1 else f"batch {expected} was lost"
+    return f"the batch numbering went back from {expected} to {seq}"
 
 
 @dataclass(slots=True)
@@ -98,6 +145,7 @@ class KvEventTranslator:
         self.block_size = block_size
         self._by_vllm: dict[VllmHash, _Entry] = {}
         self._sluice_refs: dict[int, int] = {}
+        self._lost_track = False
 
     def apply(self, events: Iterable[WireEvent]) -> list[KvEvent]:
         out: list[KvEvent] = []
@@ -119,6 +167,12 @@ class KvEventTranslator:
         self._by_vllm.clear()
         self._sluice_refs.clear()
         return [AllBlocksCleared()]
+
+    def forget(self) -> None:
+        """Forget every block because reports were lost (vLLM's cache was not reset): from now on a
+        stored block whose parent is unknown is expected (its parent was cached before the loss)."""
+        self.clear()
+        self._lost_track = True
 
     def cached_hashes(self) -> list[int]:
         return list(self._sluice_refs)
@@ -148,7 +202,8 @@ class KvEventTranslator:
         else:
             entry = self._by_vllm.get(event.parent_block_hash)
             if entry is None:
-                log.warning("ignoring a vLLM BlockStored whose parent block is unknown")
+                log.log(logging.DEBUG if self._lost_track else logging.WARNING,
+                        "ignoring a vLLM BlockStored whose parent block is unknown")
                 return None
             parent = seed = entry.sluice_hash
         # The chain continues from the parent: with ``root`` set to the parent's hash, the first
@@ -182,3 +237,43 @@ class KvEventTranslator:
                 del self._sluice_refs[entry.sluice_hash]
                 gone.append(entry.sluice_hash)
         return BlockRemoved(block_hashes=gone) if gone else None
+
+
+class KvEventFeed:
+    """Turns the messages of vLLM's KV event publisher into the engine's KV reports, in order.
+
+    A message is the frames ``(topic, seq, payload)``: ``seq`` an 8-byte big-endian batch number, the
+    payload one msgpack batch. A gap in the numbering (:func:`sequence_gap`), a malformed message or an
+    unreadable batch (:func:`decode_batch`) makes the translator forget what it knew and hands the sink
+    a :class:`KvTrackLost` (module docstring); the batch that revealed a gap is applied after it."""
+
+    def __init__(self, translator: KvEventTranslator, sink: KvEventSink) -> None:
+        self.translator = translator
+        self.sink = sink
+        self.next_seq = 0
+
+    def receive(self, frames: Sequence[bytes]) -> None:
+        if len(frames) != 3:
+            self._lose_track("undecodable", f"a message of {len(frames)} frames instead of 3")
+            return
+        _, seq_bytes, payload = frames
+        seq = int.from_bytes(seq_bytes, "big", signed=True)
+        gap = sequence_gap(self.next_seq, seq)
+        self.next_seq = seq + 1
+        if gap is not None:
+            self._lose_track("gap", gap)
+        try:
+            events = self.translator.apply(decode_batch(payload))
+        except UndecodableBatch as exc:
+            self._lose_track("undecodable", f"batch {seq}: {exc}")
+            return
+        except Exception as exc:  # noqa: BLE001 - the translator may be half-way through the batch
+            log.exception("could not translate vLLM KV event batch %d", seq)
+            self._lose_track("undecodable", f"batch {seq} could not be translated: {type(exc).__name__}: {exc}")
+            return
+        emit_kv_events(self.sink, events)
+
+    def _lose_track(self, reason: KvLossReason, detail: str) -> None:
+        log.warning("vLLM KV events: %s; forgetting the cache they described, the index will be rebuilt", detail)
+        self.translator.forget()
+        emit_kv_events(self.sink, [KvTrackLost(reason, detail)])

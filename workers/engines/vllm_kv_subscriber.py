@@ -4,19 +4,17 @@ vLLM's publisher binds when its endpoint has a wildcard (``tcp://*:5557``, every
 connects otherwise. Sluice always gives it ``tcp://127.0.0.1:<port>`` of a SUB socket bound here,
 so the events never leave the host and each engine has its own port (picked by the OS).
 
-Frames are ``(topic, seq, payload)``: ``seq`` is an 8-byte big-endian batch counter from 0, used
-to notice lost batches (the publisher drops past its high-water mark).
+Each message is the frames ``(topic, seq, payload)``: ``seq`` is an 8-byte big-endian batch counter
+from 0; the publisher drops batches past its high-water mark. The frames are handed on as they come:
+:class:`workers.engines.vllm_kv_events.KvEventFeed` checks the numbering and decodes them.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 
 import zmq
 import zmq.asyncio
-
-log = logging.getLogger(__name__)
 
 TOPIC = "kv"
 _HOST = "tcp://127.0.0.1"
@@ -35,24 +33,14 @@ class KvEventSubscriber:
         self._sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
         port = self._sock.bind_to_random_port(_HOST)
         self.endpoint = f"{_HOST}:{port}"
-        self._next_seq = 0
 
-    async def payloads(self) -> AsyncIterator[bytes]:
-        """Each batch's payload, in order, until :meth:`close`."""
+    async def messages(self) -> AsyncIterator[list[bytes]]:
+        """Each message's frames, in order, until :meth:`close`."""
         while True:
             try:
-                frames = await self._sock.recv_multipart()
+                yield await self._sock.recv_multipart()
             except (zmq.ContextTerminated, zmq.ZMQError):
                 return
-            if len(frames) != 3:
-                log.warning("ignoring a KV event message of %d frames", len(frames))
-                continue
-            _, seq_bytes, payload = frames
-            seq = int.from_bytes(seq_bytes, "big", signed=True)
-            if seq != self._next_seq:
-                log.warning("KV events %d..%d were lost; the router may hold stale blocks", self._next_seq, seq - 1)
-            self._next_seq = seq + 1
-            yield payload
 
     def close(self) -> None:
         self._sock.close(linger=0)
