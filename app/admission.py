@@ -42,6 +42,9 @@ class Admission:
     def waiting(self, worker_id: str) -> int:
         return self._waiting[worker_id]
 
+    def total_waiting(self) -> int:
+        return sum(self._waiting.values())
+
     def add(self, worker_id: str) -> None:
         self._waiting[worker_id] += 1
 

@@ -30,6 +30,10 @@ class FrontendMetrics:
                                           "Requests refused because every worker had its bound waiting", ["model"],
                                           registry=r)
         self.live_workers = Gauge("sluice_live_workers", "Workers with a live lease", ["model"], registry=r)
+        self.waiting = Gauge("sluice_requests_waiting", "Requests routed by this frontend and waiting for their "
+                             "first token", registry=r)
+        self.limits = Gauge("sluice_admission_limit", "Admission-control limits in force (settings; 0: none)",
+                            ["limit"], registry=r)
 
     def observe_finished(self, model: str, finish_reason: str | None, error_type: str | None,
                          ttft_s: float | None, total_s: float, completion_tokens: int) -> None:

@@ -43,6 +43,10 @@ async def ready(rt: RuntimeDep) -> Response:
 @router.get("/metrics")
 async def metrics(rt: RuntimeDep) -> Response:
     rt.metrics.in_flight.set(rt.hub.in_flight())
+    rt.metrics.waiting.set(rt.admission.total_waiting())
+    f = rt.settings.frontend
+    rt.metrics.limits.labels("max_waiting_per_worker").set(f.max_waiting_per_worker)
+    rt.metrics.limits.labels("max_queue_wait_seconds").set(f.max_queue_wait_s)
     for model, workers in rt.directory.served_models().items():
         rt.metrics.live_workers.labels(model).set(len(workers))
     return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)

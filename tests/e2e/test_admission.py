@@ -53,6 +53,9 @@ def test_a_flood_beyond_the_bound_is_refused_at_once_and_the_bound_frees_up(boun
             error = refused.json()["error"]
             assert error["code"] == "overloaded" and error["type"] == "rate_limit_error"
             assert _refusals(s) == 1
+            metrics = httpx.get(f"{s.base_url}/metrics", timeout=10).text
+            assert 'sluice_admission_limit{limit="max_waiting_per_worker"} 4.0' in metrics
+            assert "sluice_requests_waiting 4.0" in metrics
         finally:
             for resp in waiting:  # the clients leave: their requests are cancelled and stop counting
                 resp.close()
