@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from app.api.openapi import install_openapi
 from app.api.router import api_router
 from app.body_limit import BodySizeLimit
+from app.error_middleware import UnexpectedErrors
 from app.runtime import FrontendRuntime
 from core.http_errors import install_error_handlers
 from core.settings import Settings, get_settings
@@ -43,6 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Sluice", version="0.1.0", lifespan=lifespan, **_NO_TELEMETRY)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.frontend.max_body_bytes)
+    app.add_middleware(UnexpectedErrors)  # outermost of these: catches what the others raise too
     app.include_router(api_router)
     install_openapi(app)
     return app
