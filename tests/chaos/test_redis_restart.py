@@ -17,6 +17,7 @@ import pytest
 from sluice.devstack import RedisServer, Stack, wait_until
 from tests.chaos.support import MODEL
 from tests.e2e.disagg_support import LONG
+from tests.support.ports import free_port
 
 
 @pytest.fixture
@@ -30,6 +31,22 @@ def _cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and its children that it waited for, from /proc."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _flower_workers(port: int) -> set[str]:
+    try:
+        r = httpx.get(f"http://127.0.0.1:{port}/api/workers", params={"refresh": "1"}, timeout=10)
+    except httpx.HTTPError:
+        return set()
+    return {name.split("@")[0] for name in r.json()} if r.status_code == 200 else set()
+
+
+def _flower_task_state(port: int, request_id: str) -> str | None:
+    try:
+        r = httpx.get(f"http://127.0.0.1:{port}/api/tasks", params={"limit": "1000"}, timeout=10)
+    except httpx.HTTPError:
+        return None
+    return (r.json().get(request_id) or {}).get("state") if r.status_code == 200 else None
 
 
 def _complete(base_url: str, prompt: str) -> httpx.Response:
@@ -46,6 +63,9 @@ def test_the_platform_survives_a_redis_restart(own_redis: RedisServer, tokenizer
         s.start_worker("w2")
         s.start_frontend()
         s.wait_ready(MODEL, workers=2)
+        flower = free_port()
+        s._spawn("flower", ["flower", "--port", str(flower)], s.env())
+        wait_until(lambda: _flower_workers(flower) == {"w1", "w2"}, 60, "Flower to list w1 and w2", interval=0.5)
         assert _complete(s.base_url, LONG).status_code == 200
 
         # Streams in flight when Redis goes: each ends (an error event), none hangs.
@@ -101,6 +121,12 @@ def test_the_platform_survives_a_redis_restart(own_redis: RedisServer, tokenizer
             usage = resp.json()["usage"]
             return usage["prompt_tokens_details"]["cached_tokens"] > 1000
         wait_until(cached, 30, "the repeated prompt to be routed to its cached blocks")
+        # Flower, running through the outage, sees both workers and their new tasks again.
+        wait_until(lambda: _flower_workers(flower) == {"w1", "w2"}, 30, "Flower to list the workers again",
+                   interval=0.5)
+        request_id = _complete(s.base_url, "for Flower").json()["id"].removeprefix("cmpl-")
+        wait_until(lambda: _flower_task_state(flower, request_id) == "SUCCESS", 30,
+                   "Flower to see a task run after the restart", interval=0.5)
         print(f"outage {outage_s} s: first 503 after {refused_in * 1000:.0f} ms; "
               f"served again {recovered_s:.2f} s after Redis came back")
     finally:
