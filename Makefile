@@ -148,7 +148,7 @@ bench-router: venv
 	$(BIN)/python -m bench.router_quality
 
 ## Reliability: a worker SIGKILLed mid-stream (migration cost, token-exact), 2,000 concurrent streams
-## for 60 s (errors, frontend RSS), Redis restarted 5 times under load (recovery, 503s). About 4 minutes.
+## for 60 s (errors, frontend RSS), Redis restarted 5 times under load (recovery, 503s). About 3 minutes.
 bench-reliability: venv
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.reliability_bench

@@ -27,6 +27,8 @@ class Trace:
     worker: str | None = None
     retry_after: str | None = None
     error: str | None = None
+    #: The ``code`` of an error event (``stream_interrupted``, ``worker_lost``...).
+    error_code: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -71,6 +73,7 @@ async def stream_trace(session: aiohttp.ClientSession, url: str, body: dict, hea
                 event = orjson.loads(data)
                 if "error" in event:
                     trace.error = str(event["error"])
+                    trace.error_code = (event["error"] or {}).get("code")
                     break
                 for choice in event.get("choices") or ():
                     text = (choice.get("delta") or {}).get("content") or choice.get("text")

@@ -2,7 +2,10 @@
 streams open (each opens the next when its stream ends; after a 503 it waits what ``Retry-After``
 says). ``restarts`` times: Redis is stopped (``SHUTDOWN NOSAVE``: it comes back empty), probed
 with requests while it is away (expected: 503 with ``Retry-After``, at once), started again on the
-same port, and timed from the moment it answers a PING to the first request served again.
+same port, and timed from the moment it answers a PING to the first request served again. The
+probes that fail meanwhile are counted by status; one that gets no answer within
+``probe_timeout_s`` counts as hung (a request admitted before the frontend has subscribed to its
+token channel again can lose every token and wait for them).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class RestartConfig:
     #: Streams run this long after service is back before the next stop.
     settle_s: float = 3.0
     probe_interval_s: float = 0.1
+    #: A probe not answered by then counts as hung (a request can wait for tokens that were lost).
+    probe_timeout_s: float = 5.0
     recovery_timeout_s: float = 60.0
 
 
@@ -54,21 +59,26 @@ async def _client(session: aiohttp.ClientSession, url: str, i: int, cfg: Restart
         if trace.ok:
             clients.outcomes["completed"] += 1
         elif trace.status == 200:
-            clients.outcomes["ended with an error event" if trace.token_times else "failed before text"] += 1
+            clients.outcomes[f"error event {trace.error_code}" + ("" if trace.token_times else " before text")] += 1
             await asyncio.sleep(0.5)
         else:
             clients.outcomes[f"HTTP {trace.status}"] += 1
             await asyncio.sleep(float(trace.retry_after or 1))
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, float, str | None]:
+async def _post(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float) -> tuple[int, float, str | None]:
+    """Status (0: no answer within ``timeout_s``), latency and ``Retry-After`` of one request."""
     t0 = time.perf_counter()
     try:
-        async with session.post(url, json=body) as resp:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             await resp.read()
             return resp.status, time.perf_counter() - t0, resp.headers.get("Retry-After")
     except (TimeoutError, aiohttp.ClientError):
         return 0, time.perf_counter() - t0, None
+
+
+def _status_name(status: int, cfg: RestartConfig) -> str:
+    return str(status) if status else f"no answer in {cfg.probe_timeout_s:.0f} s"
 
 
 def _shutdown(server: RedisServer) -> None:
@@ -91,6 +101,7 @@ async def _cycles(server: RedisServer, base_url: str, cfg: RestartConfig) -> dic
     clients = _Clients()
     probes: list[tuple[int, float, str | None]] = []
     recoveries, in_flight = [], []
+    recovering: Counter = Counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         tasks = [asyncio.create_task(_client(session, url, i, cfg, clients)) for i in range(cfg.streams)]
         for _ in range(cfg.restarts):
@@ -99,11 +110,12 @@ async def _cycles(server: RedisServer, base_url: str, cfg: RestartConfig) -> dic
             await asyncio.to_thread(_shutdown, server)
             down_until = time.perf_counter() + cfg.outage_s
             while time.perf_counter() < down_until:
-                probes.append(await _post(session, url, probe))
+                probes.append(await _post(session, url, probe, cfg.probe_timeout_s))
                 await asyncio.sleep(cfg.probe_interval_s)
             await asyncio.to_thread(server.start)
             back = time.perf_counter()
-            while (await _post(session, url, probe))[0] != 200:
+            while (status := (await _post(session, url, probe, cfg.probe_timeout_s))[0]) != 200:
+                recovering[_status_name(status, cfg)] += 1
                 if time.perf_counter() - back > cfg.recovery_timeout_s:
                     raise TimeoutError(f"nothing served {cfg.recovery_timeout_s:.0f}s after Redis came back")
                 await asyncio.sleep(0.05)
@@ -118,8 +130,9 @@ async def _cycles(server: RedisServer, base_url: str, cfg: RestartConfig) -> dic
         "streams_in_flight_at_stop": in_flight,
         "outage_probes": len(probes), "outage_503": len(refused),
         "outage_503_with_retry_after": sum(p[2] is not None for p in refused),
-        "outage_other_statuses": dict(Counter(str(p[0]) for p in probes if p[0] != 503)),
+        "outage_other_statuses": dict(Counter(_status_name(p[0], cfg) for p in probes if p[0] != 503)),
         "outage_503_ms": {"p50": pct(latency_ms, 50), "p99": pct(latency_ms, 99), "max": max(latency_ms, default=None)},
+        "recovery_probe_failures": dict(recovering),
         "stream_outcomes": dict(clients.outcomes),
     }
 

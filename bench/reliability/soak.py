@@ -1,12 +1,15 @@
 """A soak: many concurrent streams on one frontend for a while (closed loop: each of
-``concurrency`` clients sends its next streamed completion as soon as the last one ends), mocker
-workers slowed down so that the streams stay open. Reported: errors (any status other than 200,
-error event or broken stream), requests, TTFT and total time of the requests sent after the
+``concurrency`` clients sends its next streamed completion as soon as the last one ends; the
+clients start over the first half of the warm-up), mocker workers slowed down so that the streams
+stay open (at speedup 0.04 with 1,000 streams a worker, a 32-token stream takes about 15 s) and
+the frontend keeps up with the tokens on a small machine. Reported: errors (any status other than
+200, error event or broken stream), requests, TTFT and total time of the requests sent after the
 warm-up, and the frontend process's resident memory after the warm-up, at the end of the load and
 once idle again (a leak shows as growth between the first two, both taken under the same load).
 
-Admission control would refuse the opening burst (every stream waits for its first token at
-once), so the bound on waiting requests is raised to the concurrency.
+Admission control would refuse requests when hundreds at a time wait for their first token (the
+slowed-down prefill), so the bound on waiting requests is raised to the concurrency and each
+mocker may run its share of the streams at once.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from bench.stats import pct
 class SoakConfig:
     seconds: float = 60.0
     concurrency: int = 2000
-    #: Not measured: the opening burst, the caches and pools filling up.
-    warmup_s: float = 10.0
+    #: Not measured: the clients start one after another over its first half (a ramp: started
+    #: together, they would stay in lockstep, every request arriving in the same engine step); by
+    #: its end the first requests have ended and the next ones run (at the default speed).
+    warmup_s: float = 20.0
     workers: int = 2
     #: Mocker speed (1: the timing model); slow enough that the frontend keeps up with the tokens.
-    speedup: float = 0.01
+    speedup: float = 0.04
     max_tokens: int = 32
     rss_interval_s: float = 1.0
     timeout_s: float = 300.0
@@ -74,6 +79,7 @@ async def _load(url: str, cfg: SoakConfig, frontend: _Frontend) -> tuple[list[Tr
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)) as session:
 
         async def client(i: int) -> None:
+            await asyncio.sleep((warm_at - t0) / 2 * i / cfg.concurrency)  # a ramp: no lockstep waves
             while time.perf_counter() < stop_at:
                 traces.append(await stream_trace(session, url, completion(f"Soak {i}: tell a story.", cfg.max_tokens)))
                 i += cfg.concurrency
