@@ -33,7 +33,7 @@ VLLM_INSTALL = $(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK) && \
 	$(VLLM_BIN)/pip install -q --no-deps "nixl==$(NIXL_VERSION)" -e .
 endif
 
-.PHONY: run test test-fast test-vllm bench bench-vllm bench-disagg bench-router lint venv venv-vllm redis models clean
+.PHONY: run test test-fast test-vllm bench bench-vllm bench-disagg bench-router bench-reliability lint venv venv-vllm redis models clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	@echo "==> Installing $(VENV) from $(LOCK): the frontend, the mocker and the test tools (pip, quiet; a minute or two the first time)"
@@ -146,6 +146,12 @@ bench-router: venv
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.router_bench
 	$(BIN)/python -m bench.router_quality
+
+## Reliability: a worker SIGKILLed mid-stream (migration cost, token-exact), 2,000 concurrent streams
+## for 60 s (errors, frontend RSS), Redis restarted 5 times under load (recovery, 503s). About 3 minutes.
+bench-reliability: venv
+	./scripts/ensure_redis.sh
+	$(BIN)/python -m bench.reliability_bench
 
 ## ruff on the Python, luacheck (Debian's lua-check) on the Redis scripts (.luacheckrc).
 lint: venv
