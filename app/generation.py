@@ -48,7 +48,6 @@ from core.messages import (
     GenerateRequest,
     SamplingParams,
     TokenDelta,
-    encode_control,
     request_to_builtins,
 )
 from core.wire import GENERATE_TASK, PREFILL_TASK, task_message_parts
@@ -193,8 +192,7 @@ class Generation:
             if not isinstance(exc, SluiceError):
                 # Redis failed under us: the task may have been enqueued before the reply was lost.
                 # A broadcast cancel makes whichever worker gets it drop it at once.
-                rt.spawn(rt.redis.publish(rt.keys.control_broadcast,
-                                          encode_control(ControlCommand("cancel", self.request_id))))
+                rt.send_control(rt.keys.control_broadcast, ControlCommand("cancel", self.request_id))
             raise
         self._stream = stream
         self.worker_id = decision.worker_id
@@ -361,10 +359,9 @@ class Generation:
         # that arrives before the task is remembered). A prefill worker also frees the blocks it
         # holds for the old attempt now instead of at its hold's end.
         for worker in dict.fromkeys(w for w in (lost, self.prefill_worker_id, self.worker_id) if w):
-            rt.spawn(rt.redis.publish(rt.keys.control_channel(worker), encode_control(ControlCommand("cancel", old))))
+            rt.send_control(rt.keys.control_channel(worker), ControlCommand("cancel", old))
         if self.prefill_worker_id:
-            rt.spawn(rt.redis.publish(rt.keys.control_channel(self.prefill_worker_id),
-                                      encode_control(ControlCommand("kv_release", old))))
+            rt.send_control(rt.keys.control_channel(self.prefill_worker_id), ControlCommand("kv_release", old))
         workers = [w for w in rt.directory.by_model.get(spec.model, ())
                    if w.record.pool != "prefill" and w.record.worker_id not in self._lost]
         workers = rt.admission.open_workers(workers) or workers  # admitted already: it is not refused
@@ -427,12 +424,12 @@ class Generation:
         if self._done:
             return
         self._done = True
-        cancel = encode_control(ControlCommand("cancel", self._wire_id))
+        cancel = ControlCommand("cancel", self._wire_id)
         workers = {w for w in (self.served_by, self.prefill_worker_id) if w}
         if not workers:
-            self.rt.spawn(self.rt.redis.publish(self.rt.keys.control_broadcast, cancel))
+            self.rt.send_control(self.rt.keys.control_broadcast, cancel)
         for worker in workers:  # disaggregated: the prefill worker and the decode worker
-            self.rt.spawn(self.rt.redis.publish(self.rt.keys.control_channel(worker), cancel))
+            self.rt.send_control(self.rt.keys.control_channel(worker), cancel)
 
     async def close(self) -> None:
         if self._stream is None:

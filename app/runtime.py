@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
+
+import redis
 
 from app.accounts.service import Accounts
 from app.admission import Admission
@@ -21,12 +24,17 @@ from core.background import BackgroundTasks
 from core.errors import InvalidRequest, ShuttingDown
 from core.keys import Keys
 from core.loops import BackgroundLoop, Backoff
+from core.messages import ControlCommand, encode_control
 from core.redis_client import frontend_client
 from core.settings import Settings
 from router.kv_policy import KvPolicy
 from router.policies import LeastLoadedPolicy, Policy, PoolPolicy, RandomPolicy, RoundRobinPolicy
 from router.reaper import run_reaper
 from router.registry import Registry
+
+#: How long a control command waits for Redis to come back, and when it is sent again after that.
+CONTROL_RETRY_S = 60.0
+CONTROL_RESEND_S = 3.0
 
 
 @dataclass
@@ -85,6 +93,28 @@ class FrontendRuntime:
         except KeyError:
             raise InvalidRequest(f"unknown router mode {mode!r}; one of {sorted(self.policies)}",
                                  param="sluice.router.mode") from None
+
+    def send_control(self, channel: str, command: ControlCommand) -> None:
+        """Publish a control command (fire and forget). While Redis is away the command is kept and
+        sent once it is back, and once more a little later: a worker's control subscription comes
+        back after Redis does, and a cancel it misses would leave a request running for nobody."""
+        self.spawn(self._publish_control(channel, encode_control(command)))
+
+    async def _publish_control(self, channel: str, payload: bytes) -> None:
+        deadline = time.monotonic() + CONTROL_RETRY_S
+        failed = False
+        while True:
+            try:
+                await self.redis.publish(channel, payload)
+                break
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                failed = True
+                await asyncio.sleep(0.5)
+        if failed:
+            await asyncio.sleep(CONTROL_RESEND_S)
+            await self.redis.publish(channel, payload)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run a fire-and-forget coroutine, keeping a reference until it ends and logging failures."""

@@ -142,7 +142,14 @@ class StreamHub:
         for stream in list(self._streams.values()):
             stream.fail(kind, message)
 
+    @property
+    def subscribed(self) -> bool:
+        """Whether deltas published now reach this process (False between a lost connection and the
+        next subscription: a request started then would lose its first tokens)."""
+        return self._subscribed.is_set()
+
     def _connection_lost(self, exc: Exception) -> None:
+        self._subscribed.clear()
         self.fail_all("stream_interrupted", "the token stream was interrupted (Redis connection lost)")
 
     async def _read(self, pubsub: aioredis.client.PubSub) -> None:

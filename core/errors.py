@@ -76,6 +76,16 @@ class Overloaded(SluiceError):
         self.retry_after_s = retry_after_s
 
 
+class RequestPlaneUnavailable(SluiceError):
+    """Redis cannot be used right now (the frontend's token channel is being subscribed again after
+    a lost connection): nothing was admitted."""
+
+    status_code = 503
+    type = "service_unavailable"
+    code = "redis_unavailable"
+    retry_after_s = 2
+
+
 class ShuttingDown(SluiceError):
     """The frontend is shutting down (SIGTERM): it takes no new request, and ends the ones still
     open at its drain deadline."""

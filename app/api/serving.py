@@ -26,7 +26,7 @@ from app.generation import Generation, GenerationSpec, resolve_max_tokens, sampl
 from app.model_card import ModelCard
 from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
 from app.runtime import FrontendRuntime
-from core.errors import InvalidRequest, ShuttingDown, SluiceError
+from core.errors import InvalidRequest, RequestPlaneUnavailable, ShuttingDown, SluiceError
 from core.http_errors import error_payload
 
 WORKER_HEADER = "x-sluice-worker"
@@ -123,6 +123,8 @@ async def start_generation(rt: FrontendRuntime, request: Request, body: Sampling
     """Check limits, routing parameters and quotas, route and enqueue. Nothing leaks if this raises."""
     if rt.drain.draining:
         raise ShuttingDown("the frontend is shutting down and takes no new request; retry on another")
+    if not rt.hub.subscribed:
+        raise RequestPlaneUnavailable("the request plane (Redis) is reconnecting; retry shortly")
     max_tokens = resolve_max_tokens(requested_max_tokens, len(prompt_ids), card.context_length,
                                     rt.settings.frontend.default_max_tokens,
                                     "messages" if hasattr(body, "messages") else "prompt")
