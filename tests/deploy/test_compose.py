@@ -3,11 +3,14 @@
 The schema is the Compose Specification's JSON schema as check-jsonschema ships it (its
 ``vendor.compose-spec``, taken from github.com/compose-spec/compose-spec, schema/compose-spec.json;
 check-jsonschema's version is pinned in requirements/lock.txt): no network, no Docker needed.
+Where a compose implementation is installed (the Docker CLI's plugin, or Debian's docker-compose),
+its ``config`` must accept the file too: it needs no Docker daemon.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +81,25 @@ def test_the_schema_check_refuses_a_misspelt_field(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
                           str(broken)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and "stop_grace_perod" in run.stdout
+
+
+def _compose_command() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30).returncode == 0:
+        return [docker, "compose"]
+    if docker_compose := shutil.which("docker-compose"):
+        return [docker_compose]
+    return None
+
+
+def test_compose_itself_accepts_it() -> None:
+    command = _compose_command()
+    if command is None:
+        pytest.skip("no compose implementation installed (docker compose, docker-compose): the schema check stands alone")
+    run = subprocess.run([*command, "-f", str(COMPOSE), "--profile", "mocker", "--profile", "vllm", "config", "-q"],
+                         capture_output=True, text=True, timeout=60, cwd=COMPOSE.parent,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_every_process_of_the_stack_is_there(compose: dict[str, Any]) -> None:
