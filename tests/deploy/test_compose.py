@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from core.settings import get_settings
+from core.settings import FrontendSettings, WorkerSettings
 from tests.deploy.checks import ROOT, is_setting, parse_sluice, settings_from, sluice_argv
 
 COMPOSE = ROOT / "docker" / "compose.yaml"
@@ -152,12 +152,11 @@ def test_frontend_health_is_ready(compose: dict[str, Any]) -> None:
 
 
 def test_grace_periods_cover_the_drains(compose: dict[str, Any]) -> None:
-    defaults = get_settings()
     seconds = {name: int(s["stop_grace_period"].removesuffix("s")) for name, s in compose["services"].items()
                if "stop_grace_period" in s}
-    assert seconds["frontend"] >= defaults.frontend.drain_timeout_s + 5
-    assert seconds["worker-mocker"] >= defaults.worker.drain_timeout_s + 10
-    assert seconds["worker-vllm"] >= defaults.worker.drain_timeout_s + 10
+    assert seconds["frontend"] >= FrontendSettings().drain_timeout_s + 5
+    assert seconds["worker-mocker"] >= WorkerSettings().drain_timeout_s + 10
+    assert seconds["worker-vllm"] >= WorkerSettings().drain_timeout_s + 10
 
 
 def test_published_on_loopback_unless_asked(compose: dict[str, Any]) -> None:
