@@ -297,6 +297,13 @@ class Generation:
                 if self._worker_lost(last):
                     await self._migrate()
                     continue
+                if self._past_migration_limit(last):
+                    self._done = True
+                    self.error_type = "migration_limit"
+                    limit = self._migration_limit()
+                    raise UpstreamError(f"{last.error.message}; the request was not moved to another worker: "
+                                        f"it reached its migration limit ({self._migrations} of {limit})",
+                                        code="migration_limit")
                 if last.error is not None and last.worker_id is None:
                     # The frontend ended the stream (Redis connection lost, a gap, shutting down),
                     # not the worker: tell the worker, which may still be running it.
@@ -337,7 +344,20 @@ class Generation:
         """The serving worker was lost (or, draining, refused the request) before the request ended,
         and the request may move on."""
         return (last.error is not None and last.error.type in ("worker_lost", "worker_draining")
-                and self._migrations < self.rt.settings.frontend.max_migrations
+                and self._migrations < self._migration_limit()
+                and len(self._generated) < self.spec.sampling.max_tokens)
+
+    def _migration_limit(self) -> int:
+        """How many times the request may move: the deployment's limit, or the request's own
+        (``x-sluice-router: max_migrations=N``) where that is lower."""
+        limit = self.rt.settings.frontend.max_migrations
+        asked = self.spec.overrides.max_migrations
+        return limit if asked is None else min(limit, int(asked))
+
+    def _past_migration_limit(self, last: TokenDelta) -> bool:
+        """The worker was lost with tokens still to come, and the request may not move again."""
+        return (last.error is not None and last.error.type in ("worker_lost", "worker_draining")
+                and self._migrations >= self._migration_limit()
                 and len(self._generated) < self.spec.sampling.max_tokens)
 
     async def _migrate(self) -> None:

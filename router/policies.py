@@ -31,6 +31,8 @@ class RouterOverrides:
     disagg: str | None = None
     disagg_min_tokens: float | None = None
     disagg_min_ratio: float | None = None
+    #: Moves allowed when the serving worker is lost (app.generation), capped by the deployment's.
+    max_migrations: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

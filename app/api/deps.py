@@ -34,13 +34,14 @@ RuntimeDep = Annotated[FrontendRuntime, Depends(_runtime)]
 AccountsDep = Annotated[Accounts, Depends(accounts_of)]
 CallerDep = Annotated[Principal | None, Depends(caller)]
 
-_FLOAT_FIELDS = {"overlap_score_weight", "temperature", "disagg_min_tokens", "disagg_min_ratio"}
+_FLOAT_FIELDS = {"overlap_score_weight", "temperature", "disagg_min_tokens", "disagg_min_ratio", "max_migrations"}
 _STR_FIELDS = {"mode", "worker_id", "disagg"}
 
 
 def parse_router_header(value: str | None) -> dict[str, object]:
     """``x-sluice-router: mode=kv, overlap_score_weight=2, temperature=0.5, worker_id=w1`` (and the
-    disaggregation knobs ``disagg=auto|on|off, disagg_min_tokens=2048, disagg_min_ratio=0.7``)."""
+    disaggregation knobs ``disagg=auto|on|off, disagg_min_tokens=2048, disagg_min_ratio=0.7``, and
+    ``max_migrations=N``)."""
     if not value:
         return {}
     out: dict[str, object] = {}

@@ -37,6 +37,9 @@ class RouterExtension(BaseModel):
     disagg: Literal["auto", "on", "off"] | None = None
     disagg_min_tokens: Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)] | None = None
     disagg_min_ratio: Annotated[Number, Field(ge=0, le=1)] | None = None
+    #: How many times the request may move to another worker when its own is lost (at most the
+    #: deployment's ``frontend.max_migrations``; 0: never).
+    max_migrations: Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)] | None = None
 
 
 class SluiceExtension(BaseModel):

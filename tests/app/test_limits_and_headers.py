@@ -29,10 +29,12 @@ def test_router_header_parses_and_body_wins() -> None:
     assert parse_router_header("mode=kv, temperature=0.5") == {"mode": "kv", "temperature": 0.5}
     o = router_overrides("mode=kv,overlap_score_weight=2", {"mode": "random", "temperature": None})
     assert (o.mode, o.overlap_score_weight, o.temperature) == ("random", 2.0, None)
+    assert router_overrides("max_migrations=1", {"max_migrations": 0}).max_migrations == 0
+    assert parse_router_header("max_migrations=2") == {"max_migrations": 2.0}
 
 
 @pytest.mark.parametrize("bad", ["mode", "bogus=1", "temperature=hot", "temperature=-1", "temperature=nan",
-                                 "disagg_min_tokens=inf"])
+                                 "disagg_min_tokens=inf", "max_migrations=-1"])
 def test_bad_router_header_is_a_client_error(bad: str) -> None:
     with pytest.raises(InvalidRequest):
         parse_router_header(bad)
