@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.api.deps import CallerDep, RuntimeDep
-from app.api.openapi import error_responses
+from app.api.openapi import STREAM_RESPONSE, error_responses
 from app.api.serving import Endpoint, serve
 from app.model_card import ModelCard
 from app.prompting import chat_prompt_ids
@@ -49,7 +49,7 @@ class Chat(Endpoint):
         return ChatChoice(0, ResponseMessage("assistant", text), finish_reason)
 
 
-@router.post("/v1/chat/completions", responses=error_responses(400, 401, 403, 404, 413, 429, 502, 503))
+@router.post("/v1/chat/completions", responses={**STREAM_RESPONSE, **error_responses(400, 401, 403, 404, 413, 429, 502, 503)})
 async def chat_completions(body: ChatCompletionRequest, request: Request, rt: RuntimeDep,
                            principal: CallerDep) -> Response:
     return await serve(rt, request, body, principal, Chat)

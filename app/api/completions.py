@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.api.deps import CallerDep, RuntimeDep
-from app.api.openapi import error_responses
+from app.api.openapi import STREAM_RESPONSE, error_responses
 from app.api.serving import Endpoint, serve
 from app.model_card import ModelCard
 from app.prompting import completion_prompt_ids
@@ -50,6 +50,6 @@ class Completions(Endpoint):
         return CompletionChoice(0, self.echo + text, finish_reason)
 
 
-@router.post("/v1/completions", responses=error_responses(400, 401, 403, 404, 413, 429, 502, 503))
+@router.post("/v1/completions", responses={**STREAM_RESPONSE, **error_responses(400, 401, 403, 404, 413, 429, 502, 503)})
 async def completions(body: CompletionRequest, request: Request, rt: RuntimeDep, principal: CallerDep) -> Response:
     return await serve(rt, request, body, principal, Completions)

@@ -6,9 +6,10 @@ from collections import Counter
 
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from app.api.deps import RuntimeDep
+from app.api.openapi import METRICS_RESPONSES, READY_RESPONSES
 
 router = APIRouter()
 
@@ -22,7 +23,7 @@ async def health() -> Response:
 STALE_SNAPSHOT_S = 2.0
 
 
-@router.get("/ready")
+@router.get("/ready", responses=READY_RESPONSES)
 async def ready(rt: RuntimeDep) -> Response:
     if rt.drain.draining:
         return JSONResponse({"ready": False, "reason": "the frontend is shutting down"}, status_code=503,
@@ -40,7 +41,7 @@ async def ready(rt: RuntimeDep) -> Response:
                         headers=None if is_ready else {"Retry-After": "2"})
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse, responses=METRICS_RESPONSES)
 async def metrics(rt: RuntimeDep) -> Response:
     rt.metrics.in_flight.set(rt.hub.in_flight())
     rt.metrics.waiting.set(rt.admission.total_waiting())

@@ -21,19 +21,48 @@ _DESCRIPTIONS = {
     403: "The key may not use this model (`model_not_allowed`), or the route needs an admin key",
     404: "Unknown model (`model_not_found`) or key (`key_not_found`)",
     413: "Request body over `SLUICE_FRONTEND__MAX_BODY_BYTES` (`request_too_large`)",
-    429: "Over the key's rate limit (`rate_limit_exceeded`)",
-    502: "The worker failed while serving the request (`engine_error`, `worker_stalled`, `timeout`)",
-    503: "No worker serves the model right now (`no_worker_available`)",
+    429: "Over the key's rate limit (`rate_limit_exceeded`), every worker of the model at its admission "
+         "limit (`overloaded`), or the request waited longer than `SLUICE_FRONTEND__MAX_QUEUE_WAIT_S` for a "
+         "worker (`queue_timeout`)",
+    502: "The worker failed while serving the request (`engine_error`, `worker_stalled`, `timeout`, "
+         "`worker_lost`, `migration_limit`)",
+    503: "No worker serves the model right now (`no_worker_available`), Redis is unreachable "
+         "(`redis_unavailable`), or the frontend is shutting down (`frontend_shutting_down`)",
 }
-_RETRY_AFTER = {"Retry-After": {"description": "Seconds until the rate-limit window ends",
-                                "schema": {"type": "integer"}}}
+#: The statuses that always carry ``Retry-After`` (core.errors: SluiceError.retry_after_s).
+_RETRY_AFTER = {status: {"Retry-After": {"description": description, "schema": {"type": "integer", "minimum": 1}}}
+                for status, description in (
+                    (429, "Seconds to wait before trying again: until the rate-limit window ends, or a "
+                          "short back-off while the model's workers are busy"),
+                    (503, "Seconds to wait before trying again"))}
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """``responses=`` for a route that can answer ``statuses`` with the error body."""
     content = {"application/json": {"schema": {"$ref": _REF_TEMPLATE.format(name=ErrorBody.__name__)}}}
     return {status: {"description": _DESCRIPTIONS[status], "content": content,
-                     **({"headers": _RETRY_AFTER} if status == 429 else {})} for status in statuses}
+                     **({"headers": _RETRY_AFTER[status]} if status in _RETRY_AFTER else {})} for status in statuses}
+
+
+#: ``/ready``'s answers (its own body, not the error body): 503 until every served model has a worker.
+READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Every served model has a live worker",
+          "content": {"application/json": {"schema": {"type": "object"}}}},
+    503: {"description": "Not ready: a model without a live worker, Redis unreachable, or shutting down "
+                         "(`reason` says which)",
+          "headers": _RETRY_AFTER[503], "content": {"application/json": {"schema": {"type": "object"}}}},
+}
+#: A generation answers JSON, or with ``"stream": true`` server-sent events (FastAPI adds the JSON).
+STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The completion, or with `stream: true` its chunks as server-sent events ending with "
+                         "`data: [DONE]`", "content": {"text/event-stream": {"schema": {
+              "type": "object", "description": "One event: `data` is a JSON chunk, an error body, or `[DONE]`",
+              "properties": {"data": {"type": "string"}}, "required": ["data"]}}}},
+}
+#: ``/metrics`` answers Prometheus' text format.
+METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Prometheus text exposition format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+}
 
 
 def with_error_schemas(schema: dict[str, Any]) -> dict[str, Any]:
