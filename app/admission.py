@@ -6,7 +6,9 @@ that finds every candidate worker at the bound is refused at once with 429 ``ove
 ``Retry-After`` instead of queueing behind them for as long as its deadline (503 is kept for "no
 worker lives"). A request that was let in still waits at most ``frontend.max_queue_wait_s`` for a
 worker to take it (app/generation.py), then gets the same 429 (``queue_timeout``).
-The count is this frontend's own view (exact with one frontend; each of N frontends bounds its share).
+A worker's count is the larger of this frontend's own (exact, immediate) and the worker's ``waiting``
+as its last heartbeat published it (every frontend's requests it holds unstarted), so several frontends
+share one bound per worker, to within a heartbeat.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ class Admission:
         """The workers below the bound (all of them when admission control is off)."""
         if self.max_waiting <= 0:
             return list(workers)
-        return [w for w in workers if self._waiting[w.record.worker_id] < self.max_waiting]
+        return [w for w in workers if self.count(w) < self.max_waiting]
+
+    def count(self, worker: LiveWorker) -> int:
+        """Requests waiting on ``worker``: this frontend's own, or every frontend's as the worker last
+        reported them, whichever is larger."""
+        return max(self._waiting[worker.record.worker_id], worker.load.waiting)
 
     def admit(self, model: str, workers: Sequence[LiveWorker]) -> list[LiveWorker]:
         """The workers a new request may go to; Overloaded when every one is at the bound."""
