@@ -61,6 +61,8 @@ if TYPE_CHECKING:
     from app.streams import RequestStream
 
 log = logging.getLogger(__name__)
+#: One line per finished request (log_request).
+request_log = logging.getLogger("sluice.requests")
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +466,7 @@ class Generation:
         self._policy.release(self._wire_id)
         self._policy.release(self._prefill_key)
         end = time.monotonic()
-        self.rt.accounts.finish(self.principal, UsageRecord(
+        record = UsageRecord(
             request_id=self.request_id, model=self.spec.model,
             key_id=self.principal.key_id if self.principal else None, pool=self.pool,
             worker_ids=list(dict.fromkeys(
@@ -473,10 +475,27 @@ class Generation:
             completion_tokens=self.completion_tokens,
             queue_time_s=(self._started_at - self._wall0) if self._started_at else None,
             ttft_s=(self._t_first - self._t0) if self._t_first else None, total_s=end - self._t0,
-            finish_reason=self.finish_reason, error_type=self.error_type, created_at=self._wall0))
+            finish_reason=self.finish_reason, error_type=self.error_type, created_at=self._wall0)
+        self.rt.accounts.finish(self.principal, record)
+        log_request(record)
         self.rt.metrics.observe_finished(self.spec.model, self.finish_reason, self.error_type,
                                          self._t_first - self._t0 if self._t_first else None, end - self._t0,
                                          self.completion_tokens)
+
+
+def log_request(record: UsageRecord) -> None:
+    """The request's one line on the frontend (``sluice.requests``, INFO): id, model, workers, status,
+    tokens, TTFT and total time; in JSON logs the same as fields."""
+    status = record.error_type or record.finish_reason or "unknown"
+    ttft = f"{record.ttft_s:.3f}" if record.ttft_s is not None else "-"
+    request_log.info(
+        "request %s model=%s worker=%s status=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d "
+        "ttft_s=%s total_s=%.3f", record.request_id, record.model, ",".join(record.worker_ids) or "-", status,
+        record.prompt_tokens, record.cached_tokens, record.completion_tokens, ttft, record.total_s,
+        extra={"request_id": record.request_id, "model": record.model, "workers": record.worker_ids,
+               "status": status, "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
+               "completion_tokens": record.completion_tokens, "ttft_s": record.ttft_s, "total_s": record.total_s,
+               "key_id": record.key_id})
 
 
 def sampling_from(req_temperature: float | None, top_p: float | None, seed: int | None, max_tokens: int,

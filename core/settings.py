@@ -187,6 +187,8 @@ class Settings(BaseSettings):
     disagg: DisaggSettings = DisaggSettings()
     database_url: str | None = None
     auth: bool = True
+    #: How every process logs (core.logs): ``text`` lines, or one JSON object per line.
+    log_format: Literal["text", "json"] = "text"
     accounts: AccountsSettings = AccountsSettings()
 
     # Flat aliases for the options people set most; they override the nested form.

@@ -212,4 +212,8 @@ def run(settings: Settings | None = None) -> None:
     import uvicorn
 
     settings = settings or get_settings()
-    uvicorn.run(create_app(settings), host=settings.router.host, port=settings.router.port, log_level="info")
+    from core.logs import configure_logging
+
+    configure_logging(settings.log_format, "info")
+    uvicorn.run(create_app(settings), host=settings.router.host, port=settings.router.port, log_level="info",
+                log_config=None)

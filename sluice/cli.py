@@ -81,15 +81,19 @@ def _serve(args: argparse.Namespace) -> int:
 
     from sluice.ready import Announcement, ReadyAnnouncer
 
+    from core.logs import configure_logging
+
     settings = get_settings()
+    configure_logging(settings.log_format, args.log_level)
     host = args.host or settings.frontend.host
     port = args.port or settings.frontend.port
     if args.banner:
         reachable = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         ReadyAnnouncer(Announcement(api_url=f"http://{reachable}:{port}", flower_url=args.flower_url,
-                                    auth=settings.auth, expect_workers=args.expect_workers)).start()
+                                    auth=settings.auth, expect_workers=args.expect_workers),
+                        to_log=settings.log_format == "json").start()
     uvicorn.run("app.main:create_app", factory=True, host=host, port=port, log_level=args.log_level,
-                access_log=False, loop="uvloop", http="httptools",
+                log_config=None, access_log=False, loop="uvloop", http="httptools",
                 # A backstop behind the frontend's own drain (app/shutdown.py), which ends open
                 # requests cleanly at frontend.drain_timeout_s.
                 timeout_graceful_shutdown=int(settings.frontend.drain_timeout_s) + 5)
@@ -105,9 +109,9 @@ def _worker(args: argparse.Namespace) -> int:
     engine_seqs = settings.worker.mocker.max_num_seqs if settings.worker.engine == "mocker" \
         else settings.worker.vllm.max_num_seqs
     concurrency = settings.worker.concurrency or engine_seqs
-    from workers.celery_app import app
+    from workers.celery_app import app, celery_global_options
 
-    argv = ["worker", "--pool", "threads", "-c", str(concurrency), "-l", args.log_level,
+    argv = [*celery_global_options(settings), "worker", "--pool", "threads", "-c", str(concurrency), "-l", args.log_level,
             "--without-gossip", "--without-mingle"]
     if settings.worker.task_events:
         argv.append("-E")

@@ -15,6 +15,7 @@ takes longer than ``WAITING_NOTE_AFTER_S`` it first prints one line saying what 
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -75,9 +76,13 @@ class ReadyAnnouncer:
     """Polls ``/ready`` until the stack is ready, prints :func:`banner` once, and stops."""
 
     def __init__(self, announcement: Announcement, out: TextIO | None = None, *,
-                 poll_interval_s: float = POLL_INTERVAL_S, waiting_note_after_s: float = WAITING_NOTE_AFTER_S) -> None:
+                 poll_interval_s: float = POLL_INTERVAL_S, waiting_note_after_s: float = WAITING_NOTE_AFTER_S,
+                 to_log: bool = False) -> None:
+        """``to_log``: say it as a log record (``sluice.ready``, INFO) instead of printing it, for
+        processes whose every line must be a log record (JSON logs)."""
         self.announcement = announcement
         self._out = out or sys.stdout
+        self._to_log = to_log
         self._poll_interval_s = poll_interval_s
         self._waiting_note_after_s = waiting_note_after_s
         self._stop = threading.Event()
@@ -120,4 +125,7 @@ class ReadyAnnouncer:
                 self._stop.wait(self._poll_interval_s)
 
     def _print(self, line: str) -> None:
-        print(line, file=self._out, flush=True)
+        if self._to_log:
+            logging.getLogger("sluice.ready").info(line)
+        else:
+            print(line, file=self._out, flush=True)

@@ -36,7 +36,7 @@ from core.db.usage import insert_usage
 from core.keys import Keys
 from core.settings import get_settings
 from core.wire import RECORD_USAGE_TASK
-from workers.celery_app import app
+from workers.celery_app import app, celery_global_options
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ def record_usage(records: list[dict[str, Any]]) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Run a bookkeeper worker on this namespace's bookkeeping queue (extra arguments go to Celery)."""
-    queue = Keys(get_settings().redis.namespace).bookkeeping_queue
-    app.worker_main(["worker", "-I", "workers.bookkeeping", "-Q", queue, "--pool", "threads", "-c", "2",
+    settings = get_settings()
+    queue = Keys(settings.redis.namespace).bookkeeping_queue
+    app.worker_main([*celery_global_options(settings), "worker", "-I", "workers.bookkeeping", "-Q", queue, "--pool", "threads", "-c", "2",
                      "-n", "bookkeeper@%h", "--loglevel", "INFO", *(argv or [])])
 

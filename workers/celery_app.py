@@ -12,9 +12,11 @@ it consumes its pool's shared queue and its own queue (added at start-up, see wo
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import setup_logging
 
 from core.keys import Keys
-from core.settings import get_settings
+from core.logs import configure_logging
+from core.settings import Settings, get_settings
 
 
 def create_celery_app() -> Celery:
@@ -42,3 +44,18 @@ def create_celery_app() -> Celery:
 
 
 app = create_celery_app()
+
+
+def celery_global_options(settings: Settings) -> list[str]:
+    """Options of the ``celery`` command for a worker process: with JSON logs, no start-up banner
+    (it is not a log record). Logging is set up here already, for what Celery warns of before its
+    own set-up (running as root, say)."""
+    configure_logging(settings.log_format, "INFO")
+    return ["--quiet"] if settings.log_format == "json" else []
+
+
+@setup_logging.connect
+def _configure_logging(loglevel: int | str | None = None, **_: object) -> None:
+    """Celery leaves logging to us once this is connected: the process logs as every Sluice
+    process does (core.logs, ``SLUICE_LOG_FORMAT``)."""
+    configure_logging(get_settings().log_format, loglevel or "INFO")

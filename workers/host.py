@@ -40,6 +40,7 @@ import msgspec
 
 from core.errors import SluiceError
 from core.keys import Keys
+from core.logs import request_id_var
 from core.loops import BackgroundLoop, Backoff
 from core.messages import (
     ControlCommand,
@@ -281,6 +282,18 @@ class EngineHost:
                 await self.kv.index.purge(self.identity.worker_id)  # the routers' guesses
 
     async def _serve(self, req: GenerateRequest) -> None:
+        """Run one request; its log lines carry its id (on the wire: the frontend's request id, with
+        ``-r<n>`` after a migration or ``:prefill`` for a remote prefill)."""
+        request_id_var.set(req.request_id)  # this task's own context
+        t0 = time.monotonic()
+        log.info("request %s taken: %d prompt tokens, max_tokens %d", req.request_id,
+                 len(req.token_ids) - req.carried_tokens, req.sampling.max_tokens)
+        try:
+            await self._run(req)
+        finally:
+            log.info("request %s ended after %.3f s", req.request_id, time.monotonic() - t0)
+
+    async def _run(self, req: GenerateRequest) -> None:
         started_at = time.time()
         seq = req.carried_tokens  # a decode after a remote prefill continues the prefill's seq 0
         wid = self.identity.worker_id
