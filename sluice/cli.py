@@ -79,9 +79,8 @@ def _version() -> str:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from sluice.ready import Announcement, ReadyAnnouncer
-
     from core.logs import configure_logging
+    from sluice.ready import Announcement, ReadyAnnouncer
 
     settings = get_settings()
     configure_logging(settings.log_format, args.log_level)
