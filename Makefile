@@ -33,7 +33,7 @@ VLLM_INSTALL = $(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK) && \
 	$(VLLM_BIN)/pip install -q --no-deps "nixl==$(NIXL_VERSION)" -e .
 endif
 
-.PHONY: run test test-fast test-vllm bench bench-vllm bench-disagg bench-router bench-reliability lint venv venv-vllm redis models clean
+.PHONY: run observe test test-fast test-vllm bench bench-vllm bench-disagg bench-router bench-reliability lint venv venv-vllm redis models clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	@echo "==> Installing $(VENV) from $(LOCK): the frontend, the mocker and the test tools (pip, quiet; a minute or two the first time)"
@@ -111,8 +111,15 @@ endif
 test: venv venv-vllm
 	./scripts/ensure_redis.sh
 	./scripts/ensure_postgres.sh
+	./scripts/ensure_prometheus.sh
 	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm"
 	$(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm
+
+## Prometheus (Debian's package) scraping every process of the stack `make run` started, with the
+## rules of docker/prometheus/rules.yml; the Grafana dashboard is docker/grafana/sluice.json.
+observe: venv
+	./scripts/ensure_prometheus.sh
+	$(BIN)/sluice observe --frontend http://127.0.0.1:$${SLUICE_PORT:-8000}
 
 ## Only the vLLM tests.
 test-vllm: venv-vllm

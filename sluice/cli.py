@@ -285,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sluice.accounts_cli import add_accounts_commands
 
     add_accounts_commands(sub)
+    from sluice.observe_cli import add_observe_commands
+
+    add_observe_commands(sub)
     return parser
 
 

@@ -1,0 +1,96 @@
+"""A real Prometheus (Debian's package, as ``make observe`` runs it) scraping a real mocker stack through
+the frontend's service discovery: every process is found and up, and every PromQL expression of the
+Grafana dashboard returns data once traffic has flowed. ``promtool`` checks the configuration and
+the rules. Skipped where no prometheus binary is installed (.ci/run installs it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sluice.dashboard import DASHBOARD_PATH, expressions, render
+from sluice.devstack import Stack, free_port, wait_until
+from sluice.observe import RULES_PATH, ObserveConfig, check_config, write_config
+
+MODEL = "smollm2"
+needs_prometheus = pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
+                                      reason="no prometheus/promtool binary (Debian's prometheus package)")
+
+
+def test_the_kept_dashboard_is_the_generated_one() -> None:
+    assert DASHBOARD_PATH.read_text() == render(), "run `sluice dashboard --write`"
+
+
+@needs_prometheus
+def test_promtool_accepts_the_rules_and_the_config(tmp_path: Path) -> None:
+    rules = subprocess.run(["promtool", "check", "rules", str(RULES_PATH)], capture_output=True, text=True, timeout=60)
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    checked = check_config(write_config(ObserveConfig(flower_url="http://127.0.0.1:5555"), tmp_path))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.fixture(scope="module")
+def observed(redis_server, tokenizer_dir, tmp_path_factory) -> Iterator[tuple[Stack, str]]:  # noqa: ANN001
+    s = Stack(redis_url=redis_server.url, namespace=f"obs{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
+              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "20", "SLUICE_ROUTER_MODE": "kv"})
+    listen = f"127.0.0.1:{free_port()}"
+    try:
+        s.start_worker("w1")
+        s.start_worker("w2")
+        s.start_frontend()
+        s.wait_ready(MODEL, workers=2)
+        s.processes.spawn("prometheus", [sys.executable, "-m", "sluice", "observe", "--frontend", s.base_url,
+                                         "--flower", "", "--listen", listen, "--scrape-interval", "1",
+                                         "--data-dir", str(tmp_path_factory.mktemp("prometheus"))], s.env())
+        yield s, f"http://{listen}"
+    finally:
+        s.stop()
+
+
+def _query(prometheus: str, expr: str) -> list[dict]:
+    r = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()["data"]["result"]
+
+
+def _up_targets(prometheus: str) -> dict[str, str]:
+    try:
+        r = httpx.get(f"{prometheus}/api/v1/targets", timeout=5)
+    except httpx.HTTPError:
+        return {}
+    return {t["labels"].get("worker") or t["labels"].get("component", "?"): t["health"]
+            for t in r.json()["data"]["activeTargets"]}
+
+
+@needs_prometheus
+def test_every_dashboard_expression_returns_data(observed: tuple[Stack, str]) -> None:
+    s, prometheus = observed
+    wait_until(lambda: _up_targets(prometheus) == {"w1": "up", "w2": "up", "frontend": "up"}, 60,
+               "Prometheus to find and scrape the frontend and both workers")
+    system = "You are a terse assistant who answers in one sentence. " * 20  # a shared prefix: cache hits
+    deadline = time.monotonic() + 8
+    with httpx.Client(base_url=s.base_url, timeout=30) as client:
+        i = 0
+        while time.monotonic() < deadline:
+            body = {"model": MODEL, "max_tokens": 24, "stream": i % 2 == 0,
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Q{i}"}]}
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+            i += 1
+    missing: list[str] = []
+
+    def all_answer() -> bool:
+        missing[:] = [e for e in expressions() if not _query(prometheus, e.replace("$__rate_interval", "1m"))]
+        return not missing
+
+    try:
+        wait_until(all_answer, 30, "every dashboard expression to return data")
+    except Exception as exc:  # noqa: BLE001 - name the expressions that stayed empty
+        raise AssertionError(f"no data for: {missing}") from exc
