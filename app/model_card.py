@@ -52,6 +52,9 @@ class ModelCard:
     #: matched literally. This holds for tokenizers whose normalizer does not delete text, as
     #: those of generative models do not.)
     max_token_chars: int = 1
+    #: The sampling the model's ``generation_config.json`` recommends (``temperature``, ``top_p``, ...):
+    #: what a request that leaves those fields out gets, as vLLM does (``--generation-config auto``).
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def load(cls, name: str, path: Path, created: int = 0, context_length: int | None = None) -> ModelCard:
@@ -74,7 +77,8 @@ class ModelCard:
         return cls(name=name, path=path, tokenizer=tokenizer, context_length=context, eos_token_ids=eos_ids,
                    bos_token=_token_text(tok_cfg.get("bos_token")), eos_token=_token_text(tok_cfg.get("eos_token")),
                    chat_template=template, created=created, special_ids=special,
-                   max_token_chars=max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1))
+                   max_token_chars=max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1),
+                   sampling_defaults=sampling_defaults(gen_cfg))
 
     @property
     def max_prompt_chars(self) -> int:
@@ -103,6 +107,17 @@ class ModelCard:
 
     def decode_stream(self) -> DecodeStream:
         return DecodeStream(skip_special_tokens=True)
+
+
+#: The generation-config fields a request's sampling can take a default from.
+SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p")
+
+
+def sampling_defaults(gen_cfg: dict[str, Any]) -> dict[str, float]:
+    """The recommended sampling in a ``generation_config.json``: the fields Sluice applies, when
+    numbers (``do_sample`` is not read, as vLLM does not)."""
+    return {k: float(gen_cfg[k]) for k in SAMPLING_DEFAULT_FIELDS
+            if isinstance(gen_cfg.get(k), int | float) and not isinstance(gen_cfg.get(k), bool)}
 
 
 def _read_json(path: Path) -> dict[str, Any]:

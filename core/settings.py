@@ -133,7 +133,15 @@ class FrontendSettings(BaseModel):
     port: int = 8000
     stall_timeout_s: float = Field(30.0, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
+    #: ``max_tokens`` of a chat completion that names none (at most what the context leaves).
     default_max_tokens: int = Field(1024, ge=1)
+    #: ``max_tokens`` of a ``/v1/completions`` request that names none: OpenAI's 16.
+    default_completion_max_tokens: int = Field(16, ge=1)
+    #: Sampling defaults for fields a request leaves out: ``auto``, the model's generation_config.json
+    #: (as vLLM's ``--generation-config auto``); ``none``, OpenAI's (temperature 1, top_p 1).
+    generation_config: Literal["auto", "none"] = "auto"
+    #: Per-deployment defaults over either (``SLUICE_FRONTEND__SAMPLING_DEFAULTS='{"temperature": 0.7}'``).
+    sampling_defaults: dict[Literal["temperature", "top_p"], float] = Field(default_factory=dict)
     max_n: int = Field(1, ge=1)
     #: How many times one request may move to another worker after its worker was lost (its lease
     #: expired), continuing from the tokens already streamed; 0 turns migration off.

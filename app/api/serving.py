@@ -28,6 +28,7 @@ from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
 from app.runtime import FrontendRuntime
 from core.errors import InvalidRequest, RequestPlaneUnavailable, ShuttingDown, SluiceError
 from core.http_errors import error_payload
+from core.settings import FrontendSettings
 
 WORKER_HEADER = "x-sluice-worker"
 #: Disaggregated requests: the prefill worker that computed the prompt (absent: prefilled locally).
@@ -125,15 +126,19 @@ async def start_generation(rt: FrontendRuntime, request: Request, body: Sampling
         raise ShuttingDown("the frontend is shutting down and takes no new request; retry on another")
     if not rt.hub.subscribed:
         raise RequestPlaneUnavailable("the request plane (Redis) is reconnecting; retry shortly")
+    chat = hasattr(body, "messages")
+    f = rt.settings.frontend
     max_tokens = resolve_max_tokens(requested_max_tokens, len(prompt_ids), card.context_length,
-                                    rt.settings.frontend.default_max_tokens,
-                                    "messages" if hasattr(body, "messages") else "prompt")
+                                    f.default_max_tokens if chat else f.default_completion_max_tokens,
+                                    "messages" if chat else "prompt")
     ext = body.sluice.router.model_dump() if body.sluice and body.sluice.router else None
     overrides = router_overrides(request.headers.get("x-sluice-router"), ext)
     if overrides.mode is not None:
         rt.policy(overrides.mode)  # an unknown mode is the client's mistake: 400 before any quota is spent
-    sampling = sampling_from(body.temperature, body.top_p, body.seed, max_tokens, body.stop_token_ids,
-                             body.ignore_eos, body.min_tokens)
+    defaults = sampling_defaults(card, rt.settings.frontend)
+    sampling = sampling_from(defaults.get("temperature") if body.temperature is None else body.temperature,
+                             defaults.get("top_p") if body.top_p is None else body.top_p, body.seed, max_tokens,
+                             body.stop_token_ids, body.ignore_eos, body.min_tokens)
     await rt.accounts.admit(principal, body.model, len(prompt_ids))
     spec = GenerationSpec(model=body.model, prompt_token_ids=prompt_ids, stops=tuple(body.stop_strings()),
                           sampling=sampling, overrides=overrides)
@@ -144,6 +149,13 @@ async def start_generation(rt: FrontendRuntime, request: Request, body: Sampling
         await gen.close()
         raise
     return gen
+
+
+def sampling_defaults(card: ModelCard, frontend: FrontendSettings) -> dict[str, float]:
+    """What a request that leaves a sampling field out gets: the model's recommendation (with
+    ``generation_config=auto``) under the deployment's own ``sampling_defaults``."""
+    base = card.sampling_defaults if frontend.generation_config == "auto" else {}
+    return {**base, **frontend.sampling_defaults}
 
 
 def worker_header(gen: Generation) -> dict[str, str]:

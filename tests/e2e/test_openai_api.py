@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import signal
+import sys
 import uuid
 
 import httpx
@@ -11,7 +13,7 @@ import pytest
 import redis
 
 from core.keys import Keys
-from sluice.devstack import Stack
+from sluice.devstack import Stack, free_port, wait_until
 from tests.e2e.conftest import MODEL
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -177,3 +179,34 @@ def test_health_ready_and_metrics(stack: Stack) -> None:
     assert ready == {"ready": True, "models": {MODEL: 2}, "pools": {MODEL: {"agg": 2}}}
     metrics = httpx.get(f"{stack.base_url}/metrics").text
     assert "sluice_requests_total" in metrics
+
+
+def test_omitted_sampling_fields_take_the_deployments_defaults(client: openai.OpenAI, stack: Stack) -> None:
+    """A second frontend on the same workers whose deployment default is temperature 0: a request
+    that names no temperature is then greedy, token for token what temperature 0 gives."""
+    port = free_port()
+    stack.processes.spawn("frontend-greedy", [sys.executable, "-m", "sluice", "serve", "--port", str(port),
+                                              "--log-level", "warning", "--no-banner"],
+                          stack.env(SLUICE_FRONTEND__SAMPLING_DEFAULTS='{"temperature": 0}'))
+    try:
+        greedy = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60)
+        wait_until(lambda: _ready(port), 30, "the second frontend")
+        asked = greedy.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16, seed=5)
+        explicit = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16, temperature=0)
+        sampled = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16, seed=5)
+        assert asked.choices[0].message.content == explicit.choices[0].message.content
+        assert sampled.choices[0].message.content != explicit.choices[0].message.content  # the model's 0.2
+    finally:
+        stack.processes.kill("frontend-greedy", signal.SIGTERM)
+
+
+def test_completions_default_to_openais_16_tokens(client: openai.OpenAI) -> None:
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -111,6 +111,7 @@ def test_tokenizer_only_directory(shared_tokenizer_dir: Path) -> None:
     assert "<|im_start|>assistant" in tok_config["chat_template"]
     generation = json.loads((tokenizer_dir / "generation_config.json").read_text())
     assert generation["eos_token_id"] == 2
+    assert (generation["temperature"], generation["top_p"]) == (0.2, 0.9)  # the model card's recommendation
 
 
 def test_tokenizer_encodes_like_the_model(shared_tokenizer_dir: Path) -> None:

