@@ -15,6 +15,7 @@ import math
 
 from app.model_card import ModelCard
 from app.protocol.chat import ChatCompletionRequest, message_text
+from app.protocol.tokenize import TokenizeChatRequest
 from core.errors import ContextLengthExceeded, InvalidRequest
 
 #: Inputs longer than this (characters) are rendered and tokenized in a thread, off the event loop...
@@ -58,7 +59,7 @@ def _text_ids(card: ModelCard, text: str) -> list[int]:
     return ids
 
 
-async def chat_prompt_ids(card: ModelCard, body: ChatCompletionRequest) -> list[int]:
+async def chat_prompt_ids(card: ModelCard, body: ChatCompletionRequest | TokenizeChatRequest) -> list[int]:
     messages = [{"role": m["role"], "content": message_text(m)} for m in body.messages]
     chars = sum(len(m["content"]) for m in messages)
     check_chars(card, chars, CHAT_PARAM)

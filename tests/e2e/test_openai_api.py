@@ -210,3 +210,20 @@ def _ready(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_tokenize_and_detokenize_use_the_served_models_tokenizer(client: openai.OpenAI, stack: Stack) -> None:
+    """vLLM's /tokenize and /detokenize: a chat tokenizes to the prompt a chat request is charged for."""
+    usage = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=1, temperature=0).usage
+    chat = httpx.post(f"{stack.base_url}/tokenize", json={"model": MODEL, "messages": QUESTION}, timeout=10).json()
+    assert chat["count"] == len(chat["tokens"]) == usage.prompt_tokens and chat["max_model_len"] == 8192
+    text = httpx.post(f"{stack.base_url}/tokenize", timeout=10,
+                      json={"prompt": "Hello world", "return_token_strs": True}).json()  # the one served model
+    assert text["count"] == len(text["token_strs"]) > 0
+    back = httpx.post(f"{stack.base_url}/detokenize", json={"model": MODEL, "tokens": text["tokens"]}, timeout=10)
+    assert back.json() == {"prompt": "Hello world"}
+    bad = httpx.post(f"{stack.base_url}/detokenize", json={"model": MODEL, "tokens": [10**9]}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    unknown = httpx.post(f"{stack.base_url}/tokenize", json={"model": "nope", "prompt": "x"}, timeout=10)
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    assert httpx.get(f"{stack.base_url}/version", timeout=10).json()["version"]
