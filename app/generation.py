@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from app.model_card import ModelCard
+from app.protocol.common import SamplingFields
 from app.textstream import TextAssembler
 from core.accounting import UsageRecord
 from core.errors import (
@@ -498,10 +499,23 @@ def log_request(record: UsageRecord) -> None:
                "key_id": record.key_id})
 
 
-def sampling_from(req_temperature: float | None, top_p: float | None, seed: int | None, max_tokens: int,
-                  stop_token_ids: list[int] | None, ignore_eos: bool, min_tokens: int) -> SamplingParams:
-    if min_tokens > max_tokens:
+def sampling_from(body: SamplingFields, defaults: dict[str, float], max_tokens: int, vocab_size: int) -> SamplingParams:
+    """The engine's sampling for a request: each field as asked, else the deployment's or model's
+    default (``defaults``), else OpenAI's or vLLM's neutral value."""
+    if body.min_tokens > max_tokens:
         raise InvalidRequest("min_tokens must not exceed max_tokens", param="min_tokens")
-    return SamplingParams(max_tokens=max_tokens, temperature=1.0 if req_temperature is None else req_temperature,
-                          top_p=1.0 if top_p is None else top_p, seed=seed,
-                          stop_token_ids=tuple(stop_token_ids or ()), ignore_eos=ignore_eos, min_tokens=min_tokens)
+    bias = body.logit_bias or {}
+    if any(token >= vocab_size for token in bias):
+        raise InvalidRequest(f"logit_bias names token ids beyond the vocabulary ({vocab_size} tokens)", param="logit_bias")
+
+    def pick(name: str, neutral: float) -> float:
+        asked = getattr(body, name)
+        return float(asked if asked is not None else defaults.get(name, neutral))
+
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0), seed=body.seed,
+        stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
+        top_k=max(0, int(pick("top_k", 0))), min_p=pick("min_p", 0.0),
+        presence_penalty=pick("presence_penalty", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
+        repetition_penalty=pick("repetition_penalty", 1.0),
+        logit_bias=tuple(sorted((int(t), float(b)) for t, b in bias.items())))

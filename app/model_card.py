@@ -81,6 +81,11 @@ class ModelCard:
                    sampling_defaults=sampling_defaults(gen_cfg))
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids the tokenizer knows, added tokens included."""
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
     def max_prompt_chars(self) -> int:
         """The most characters a prompt that fits can have: a prompt fits with at most
         ``context_length - 1`` tokens (one is left to generate), and a text of ``c`` characters has
@@ -110,7 +115,7 @@ class ModelCard:
 
 
 #: The generation-config fields a request's sampling can take a default from.
-SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p")
+SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 def sampling_defaults(gen_cfg: dict[str, Any]) -> dict[str, float]:

@@ -27,6 +27,14 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    #: 0: every token (vLLM's -1).
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    #: (token id, bias) pairs, sorted by id (a list, since JSON task messages have only string keys).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, omit_defaults=True):

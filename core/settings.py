@@ -141,7 +141,8 @@ class FrontendSettings(BaseModel):
     #: (as vLLM's ``--generation-config auto``); ``none``, OpenAI's (temperature 1, top_p 1).
     generation_config: Literal["auto", "none"] = "auto"
     #: Per-deployment defaults over either (``SLUICE_FRONTEND__SAMPLING_DEFAULTS='{"temperature": 0.7}'``).
-    sampling_defaults: dict[Literal["temperature", "top_p"], float] = Field(default_factory=dict)
+    sampling_defaults: dict[Literal["temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                                    "repetition_penalty"], float] = Field(default_factory=dict)
     max_n: int = Field(1, ge=1)
     #: How many times one request may move to another worker after its worker was lost (its lease
     #: expired), continuing from the tokens already streamed; 0 turns migration off.

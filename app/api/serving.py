@@ -135,10 +135,7 @@ async def start_generation(rt: FrontendRuntime, request: Request, body: Sampling
     overrides = router_overrides(request.headers.get("x-sluice-router"), ext)
     if overrides.mode is not None:
         rt.policy(overrides.mode)  # an unknown mode is the client's mistake: 400 before any quota is spent
-    defaults = sampling_defaults(card, rt.settings.frontend)
-    sampling = sampling_from(defaults.get("temperature") if body.temperature is None else body.temperature,
-                             defaults.get("top_p") if body.top_p is None else body.top_p, body.seed, max_tokens,
-                             body.stop_token_ids, body.ignore_eos, body.min_tokens)
+    sampling = sampling_from(body, sampling_defaults(card, rt.settings.frontend), max_tokens, card.vocab_size)
     await rt.accounts.admit(principal, body.model, len(prompt_ids))
     spec = GenerationSpec(model=body.model, prompt_token_ids=prompt_ids, stops=tuple(body.stop_strings()),
                           sampling=sampling, overrides=overrides)

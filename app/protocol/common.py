@@ -49,7 +49,7 @@ class SluiceExtension(BaseModel):
 
 class SamplingFields(BaseModel):
     """Sampling fields common to both endpoints, with OpenAI's ranges (and types: see
-    app.protocol.fields). ``logit_bias`` is checked but not applied (no engine takes it yet)."""
+    app.protocol.fields), and vLLM's extensions; every one reaches the engine (app.generation.sampling_from)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -67,6 +67,9 @@ class SamplingFields(BaseModel):
     logit_bias: dict[Annotated[int, Field(ge=0, le=INT32_MAX)], Annotated[Number, Field(ge=-100, le=100)]] | None = None
     user: Text | None = None
     # vLLM-style extensions
+    top_k: Annotated[int, Strict(), Field(ge=-1, le=INT32_MAX)] | None = None
+    min_p: Annotated[Number, Field(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[Number, Field(gt=0, le=2)] | None = None
     ignore_eos: Flag = False
     min_tokens: Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)] = 0
     stop_token_ids: list[TokenId] | None = None

@@ -227,3 +227,20 @@ def test_tokenize_and_detokenize_use_the_served_models_tokenizer(client: openai.
     unknown = httpx.post(f"{stack.base_url}/tokenize", json={"model": "nope", "prompt": "x"}, timeout=10)
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     assert httpx.get(f"{stack.base_url}/version", timeout=10).json()["version"]
+
+
+def test_logit_bias_and_penalties_reach_the_engine(client: openai.OpenAI, stack: Stack) -> None:
+    """The mocker weighs bias and penalties like a model (workers.engines.mocker_tokens): +100 forces
+    a token, and a frequency penalty then stops it repeating."""
+    forced = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0,
+                                            logit_bias={"4242": 100}, extra_body={"ignore_eos": True})
+    expected = httpx.post(f"{stack.base_url}/detokenize", json={"tokens": [4242] * 6}, timeout=10).json()["prompt"]
+    assert forced.choices[0].message.content == expected
+    mild = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0,
+                                          logit_bias={"4242": 9}, frequency_penalty=2,
+                                          extra_body={"ignore_eos": True, "repetition_penalty": 1.0, "top_k": 4,
+                                                      "min_p": 0.1})
+    assert mild.choices[0].message.content != expected
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", timeout=10,
+                   json={"model": MODEL, "messages": QUESTION, "logit_bias": {"99999999": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"

@@ -71,6 +71,20 @@ def test_greedy_answer_names_paris(client: openai.OpenAI) -> None:
     assert r.usage.completion_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
 
+def test_sampling_fields_reach_vllm(client: openai.OpenAI, vllm_stack: Stack) -> None:
+    """logit_bias, the penalties, top_k and min_p go to vLLM's sampler: +100 forces a token, and a
+    strong frequency penalty changes the greedy answer."""
+    forced = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0,
+                                            logit_bias={"4242": 100}, extra_body={"ignore_eos": True})
+    text = httpx.post(f"{vllm_stack.base_url}/detokenize", json={"tokens": [4242] * 4}, timeout=10).json()["prompt"]
+    assert forced.choices[0].message.content == text
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0)
+    penalised = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0,
+                                               frequency_penalty=2.0, presence_penalty=1.0,
+                                               extra_body={"repetition_penalty": 1.5, "top_k": 5, "min_p": 0.01})
+    assert penalised.choices[0].message.content != plain.choices[0].message.content
+
+
 def test_streaming_gives_the_same_answer(client: openai.OpenAI) -> None:
     whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32, temperature=0)
     chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32, temperature=0,

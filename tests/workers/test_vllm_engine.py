@@ -107,6 +107,13 @@ def test_sampling_maps_to_vllm() -> None:
     assert (params.max_tokens, params.temperature, params.top_p, params.seed) == (7, 0.5, 0.9, 3)
     assert (params.stop_token_ids, params.min_tokens, params.ignore_eos) == ([5, 6], 2, False)
     assert params.output_kind == RequestOutputKind.DELTA and params.detokenize is False
+    params = to_vllm_sampling(SamplingParams(
+        max_tokens=7, top_k=20, min_p=0.05, presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
+        logit_bias=((42, 5.0), (7, -100.0))))
+    assert (params.top_k, params.min_p, params.repetition_penalty) == (20, 0.05, 1.2)
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -0.5)
+    assert params.logit_bias == {42: 5.0, 7: -100.0}
+    assert to_vllm_sampling(SamplingParams(max_tokens=1)).top_k in (-1, 0)  # every token
 
 
 async def test_a_tokenizer_only_directory_does_not_start(tmp_path: Path) -> None:

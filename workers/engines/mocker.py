@@ -507,7 +507,8 @@ class MockerEngine(Engine):
             self._register_full_blocks(req, before, after)
         if req.num_computed < len(req.tokens):  # a prefill chunk short of the end
             return None
-        token = next_token(req.key, len(req.tokens) - req.prompt_len, req.sampling, self.settings.vocab_size)
+        token = next_token(req.key, len(req.tokens) - req.prompt_len, req.sampling, self.settings.vocab_size,
+                           req.tokens, req.prompt_len)
         req.tokens.append(token)
         reason = finish_reason(token, len(req.tokens) - req.prompt_len, len(req.tokens), req.sampling,
                                self.max_model_len)

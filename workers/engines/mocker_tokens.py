@@ -13,6 +13,17 @@ tokens (EOS, BOS, chat markers) there, and a stream of them would end or garble 
 engine picks a random seed for a request with ``temperature > 0`` and no seed. ``top_p`` and the
 value of a non-zero temperature do not change the stream.
 
+Penalties and bias change the choice as they would a model's. A request with ``logit_bias``,
+``presence_penalty``, ``frequency_penalty`` or ``repetition_penalty`` weighs ``CANDIDATES``
+tokens at each position: the stream's token (logit ``CANDIDATES``) and the draws of keys
+``key + 64 + j`` (logit ``CANDIDATES - j``, j = 1..CANDIDATES-1), plus every biased token (logit 0
+before its bias); the penalties
+are applied as vLLM applies them (presence and frequency over the output so far, repetition over
+prompt and output), and the highest logit wins (ties: the lowest id). Without those fields the
+choice is the stream's token, as above. ``top_k``, ``top_p`` and ``min_p`` keep the highest logit
+whatever their value, so they never change the mocker's choice; nor does ``temperature`` beyond
+greedy or not.
+
 Stop rules follow vLLM. Until ``min_tokens`` tokens are out, stop token ids cannot be sampled
 (vLLM masks their logits): a draw that hits one is redrawn with the key ``key + 1``, ``key + 2``,
 ... (mod 2**64; after 64 draws, the lowest allowed id). After each generated token, a stop token id finishes with ``stop``, the token included;
@@ -22,6 +33,7 @@ with ``length``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Sequence
 
 import numpy as np
@@ -58,10 +70,41 @@ def token_at(key: int, position: int, vocab_size: int, banned: Collection[int] =
     raise ValueError("every token id is banned")
 
 
-def next_token(key: int, position: int, sampling: SamplingParams, vocab_size: int) -> int:
-    """Output token ``position`` of a request: stop token ids are banned before ``min_tokens``."""
+#: Tokens weighed at each position when penalties or bias can change the choice.
+CANDIDATES = 8
+
+
+def shapes_choice(sampling: SamplingParams) -> bool:
+    """Whether the request's penalties or bias can change which token the mocker picks."""
+    return bool(sampling.logit_bias or sampling.presence_penalty or sampling.frequency_penalty
+                or sampling.repetition_penalty != 1.0)
+
+
+def next_token(key: int, position: int, sampling: SamplingParams, vocab_size: int,
+               tokens: Sequence[int] = (), prompt_len: int = 0) -> int:
+    """Output token ``position`` of a request whose prompt and output so far are ``tokens`` (the
+    first ``prompt_len`` of them the prompt): stop token ids are banned before ``min_tokens``, and
+    penalties and bias weigh the candidates (module docstring)."""
     banned = sampling.stop_token_ids if position < sampling.min_tokens else ()
-    return token_at(key, position, vocab_size, banned)
+    first = token_at(key, position, vocab_size, banned)
+    if not shapes_choice(sampling):
+        return first
+    logits = {first: float(CANDIDATES)}
+    for j in range(1, CANDIDATES):
+        logits.setdefault(token_at((key + _MAX_DRAWS + j) & _U64, position, vocab_size, banned), float(CANDIDATES - j))
+    for token, bias in sampling.logit_bias:
+        if token < vocab_size and token not in banned:
+            logits[token] = logits.get(token, 0.0) + bias
+    output = Counter(tokens[prompt_len:])
+    seen = set(tokens[:prompt_len]) if sampling.repetition_penalty != 1.0 else set()
+    for token in logits:
+        count = output.get(token, 0)
+        if count:
+            logits[token] -= sampling.presence_penalty + sampling.frequency_penalty * count
+        if sampling.repetition_penalty != 1.0 and (count or token in seen):
+            value = logits[token]
+            logits[token] = value / sampling.repetition_penalty if value > 0 else value * sampling.repetition_penalty
+    return max(logits, key=lambda t: (logits[t], -t))
 
 
 def finish_reason(
@@ -90,9 +133,11 @@ def expected_output(
         raise ValueError("an unseeded request with temperature > 0 is random")
     key = stream_key(prompt_ids, sampling.temperature, sampling.seed or 0)
     out: list[int] = []
+    tokens = list(prompt_ids)
     while True:
-        token = next_token(key, len(out), sampling, vocab_size)
+        token = next_token(key, len(out), sampling, vocab_size, tokens, len(prompt_ids))
         out.append(token)
+        tokens.append(token)
         reason = finish_reason(token, len(out), len(prompt_ids) + len(out), sampling, max_model_len)
         if reason is not None:
             return out, reason
