@@ -74,6 +74,8 @@ class GenerationSpec:
     stops: tuple[str, ...] = ()
     overrides: RouterOverrides = field(default_factory=RouterOverrides)
     max_tokens_given: bool = True
+    #: OpenAI's ``user``: the application's id for its end user, written on the request's log line.
+    user: str | None = None
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, context_length: int, default: int,
@@ -478,13 +480,13 @@ class Generation:
             ttft_s=(self._t_first - self._t0) if self._t_first else None, total_s=end - self._t0,
             finish_reason=self.finish_reason, error_type=self.error_type, created_at=self._wall0)
         self.rt.accounts.finish(self.principal, record)
-        log_request(record)
+        log_request(record, self.spec.user)
         self.rt.metrics.observe_finished(self.spec.model, self.finish_reason, self.error_type,
                                          self._t_first - self._t0 if self._t_first else None, end - self._t0,
                                          self.completion_tokens)
 
 
-def log_request(record: UsageRecord) -> None:
+def log_request(record: UsageRecord, user: str | None = None) -> None:
     """The request's one line on the frontend (``sluice.requests``, INFO): id, model, workers, status,
     tokens, TTFT and total time; in JSON logs the same as fields."""
     status = record.error_type or record.finish_reason or "unknown"
@@ -496,7 +498,7 @@ def log_request(record: UsageRecord) -> None:
         extra={"request_id": record.request_id, "model": record.model, "workers": record.worker_ids,
                "status": status, "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
                "completion_tokens": record.completion_tokens, "ttft_s": record.ttft_s, "total_s": record.total_s,
-               "key_id": record.key_id})
+               "key_id": record.key_id, "user": user})
 
 
 def sampling_from(body: SamplingFields, defaults: dict[str, float], max_tokens: int, vocab_size: int) -> SamplingParams:

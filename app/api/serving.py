@@ -138,7 +138,7 @@ async def start_generation(rt: FrontendRuntime, request: Request, body: Sampling
     sampling = sampling_from(body, sampling_defaults(card, rt.settings.frontend), max_tokens, card.vocab_size)
     await rt.accounts.admit(principal, body.model, len(prompt_ids))
     spec = GenerationSpec(model=body.model, prompt_token_ids=prompt_ids, stops=tuple(body.stop_strings()),
-                          sampling=sampling, overrides=overrides)
+                          sampling=sampling, overrides=overrides, user=body.user)
     gen = Generation(rt, spec, card, principal)
     try:
         await gen.start()

@@ -69,7 +69,8 @@ def test_json_lines_follow_a_request_and_hold_no_secret(logged_stack: Stack, dat
     key = subprocess.run([sys.executable, "-m", "sluice", "keys", "create", "--name", "logs"], cwd=REPO,
                          env=s.env(), capture_output=True, text=True, timeout=60, check=True).stdout.split()[-1]
     auth = {"Authorization": f"Bearer {key}"}
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8,
+            "user": "end-user-42"}
     ok = httpx.post(f"{s.base_url}/v1/chat/completions", json=body, headers=auth, timeout=30)
     assert ok.status_code == 200, ok.text
     request_id = ok.json()["id"].removeprefix("chatcmpl-")
@@ -86,7 +87,7 @@ def test_json_lines_follow_a_request_and_hold_no_secret(logged_stack: Stack, dat
     assert line["model"] == MODEL and line["workers"] == ["w1"] and line["status"] == "stop" or \
         line["status"] == "length", line
     assert line["completion_tokens"] > 0 and line["prompt_tokens"] > 0 and 0 < line["ttft_s"] <= line["total_s"]
-    assert line["key_id"] and line["key_id"] in key
+    assert line["key_id"] and line["key_id"] in key and line["user"] == "end-user-42"
     wait_until(lambda: any(r["request_id"] == request_id for r in _records(s, "w1")), 10,
                "the worker's lines for the request")
     worker_lines = [r for r in _records(s, "w1") if r["request_id"] == request_id]
