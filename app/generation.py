@@ -76,6 +76,8 @@ class GenerationSpec:
     max_tokens_given: bool = True
     #: OpenAI's ``user``: the application's id for its end user, written on the request's log line.
     user: str | None = None
+    #: Whether the usage record charges the prompt (a request's later choices share the first's).
+    charge_prompt: bool = True
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, context_length: int, default: int,
@@ -474,7 +476,8 @@ class Generation:
             key_id=self.principal.key_id if self.principal else None, pool=self.pool,
             worker_ids=list(dict.fromkeys(
                 w for w in (self.prefill_worker_id, *self._lost, self.worker_id or stream.worker_id) if w)),
-            prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
+            prompt_tokens=self.prompt_tokens if self.spec.charge_prompt else 0,
+            cached_tokens=self.cached_tokens if self.spec.charge_prompt else 0,
             completion_tokens=self.completion_tokens,
             queue_time_s=(self._started_at - self._wall0) if self._started_at else None,
             ttft_s=(self._t_first - self._t0) if self._t_first else None, total_s=end - self._t0,

@@ -143,7 +143,8 @@ class FrontendSettings(BaseModel):
     #: Per-deployment defaults over either (``SLUICE_FRONTEND__SAMPLING_DEFAULTS='{"temperature": 0.7}'``).
     sampling_defaults: dict[Literal["temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                                     "repetition_penalty"], float] = Field(default_factory=dict)
-    max_n: int = Field(1, ge=1)
+    #: The most choices (``n``) one request may ask for.
+    max_n: int = Field(16, ge=1)
     #: How many times one request may move to another worker after its worker was lost (its lease
     #: expired), continuing from the tokens already streamed; 0 turns migration off.
     max_migrations: int = Field(3, ge=0)

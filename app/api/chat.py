@@ -39,14 +39,14 @@ class Chat(Endpoint):
     def max_tokens(self) -> int | None:
         return self.body.token_limit()
 
-    def opening(self) -> ChunkChoice:
-        return ChunkChoice(0, Delta(role="assistant", content=""))
+    def opening(self, index: int = 0) -> ChunkChoice:
+        return ChunkChoice(index, Delta(role="assistant", content=""))
 
-    def delta(self, text: str | None, finish_reason: str | None = None) -> ChunkChoice:
-        return ChunkChoice(0, Delta(content=text), finish_reason)
+    def delta(self, text: str | None, finish_reason: str | None = None, index: int = 0) -> ChunkChoice:
+        return ChunkChoice(index, Delta(content=text), finish_reason)
 
-    def whole(self, text: str, finish_reason: str | None) -> ChatChoice:
-        return ChatChoice(0, ResponseMessage("assistant", text), finish_reason)
+    def whole(self, text: str, finish_reason: str | None, index: int = 0) -> ChatChoice:
+        return ChatChoice(index, ResponseMessage("assistant", text), finish_reason)
 
 
 @router.post("/v1/chat/completions", responses={**STREAM_RESPONSE, **error_responses(400, 401, 403, 404, 413, 429, 502, 503)})

@@ -40,14 +40,14 @@ class Completions(Endpoint):
     def max_tokens(self) -> int | None:
         return self.body.max_tokens
 
-    def opening(self) -> CompletionChoice | None:
-        return CompletionChoice(0, self.echo, None) if self.echo else None
+    def opening(self, index: int = 0) -> CompletionChoice | None:
+        return CompletionChoice(index, self.echo, None) if self.echo else None
 
-    def delta(self, text: str | None, finish_reason: str | None = None) -> CompletionChoice:
-        return CompletionChoice(0, text or "", finish_reason)
+    def delta(self, text: str | None, finish_reason: str | None = None, index: int = 0) -> CompletionChoice:
+        return CompletionChoice(index, text or "", finish_reason)
 
-    def whole(self, text: str, finish_reason: str | None) -> CompletionChoice:
-        return CompletionChoice(0, self.echo + text, finish_reason)
+    def whole(self, text: str, finish_reason: str | None, index: int = 0) -> CompletionChoice:
+        return CompletionChoice(index, self.echo + text, finish_reason)
 
 
 @router.post("/v1/completions", responses={**STREAM_RESPONSE, **error_responses(400, 401, 403, 404, 413, 429, 502, 503)})

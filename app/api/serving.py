@@ -4,17 +4,20 @@ response shapes.
 An endpoint module defines an :class:`Endpoint` (how its prompt is built, how big a completion it
 asked for, which objects its responses are made of) and hands it to :func:`serve`, which does the
 rest in this order: the frontend's limits, the endpoint's own checks, the model card, the prompt,
-admission and routing (:func:`start_generation`), then the response, streamed or whole. Every
+admission and routing of each of its ``n`` choices (:func:`start_choices`), then the response,
+streamed or whole. Every
 response names its worker in ``x-sluice-worker``.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, TypeVar
 
+import msgspec
 from fastapi import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -22,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from app.accounts.service import Principal
 from app.api.deps import router_overrides
 from app.api.sse import DONE, StreamingEvents, sse_event
+from app.choices import Choices, choice_seed
 from app.generation import Generation, GenerationSpec, resolve_max_tokens, sampling_from
 from app.model_card import ModelCard
 from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
@@ -58,17 +62,17 @@ class Endpoint(abc.ABC):
     def max_tokens(self) -> int | None:
         """The completion length the request asked for (None: whatever fits)."""
 
-    def opening(self) -> Any | None:
-        """The choice streamed ahead of the first text, in the same write (None: nothing)."""
+    def opening(self, index: int = 0) -> Any | None:
+        """Choice ``index`` streamed ahead of its first text, in the same write (None: nothing)."""
         return None
 
     @abc.abstractmethod
-    def delta(self, text: str | None, finish_reason: str | None = None) -> Any:
-        """A streamed choice: new ``text``, or (``None``) the end, with its ``finish_reason``."""
+    def delta(self, text: str | None, finish_reason: str | None = None, index: int = 0) -> Any:
+        """Streamed choice ``index``: new ``text``, or (``None``) its end, with its ``finish_reason``."""
 
     @abc.abstractmethod
-    def whole(self, text: str, finish_reason: str | None) -> Any:
-        """The choice of a response that is not streamed."""
+    def whole(self, text: str, finish_reason: str | None, index: int = 0) -> Any:
+        """Choice ``index`` of a response that is not streamed."""
 
 
 async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Principal | None,
@@ -79,49 +83,61 @@ async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Pr
     ep = endpoint(body)
     card = await rt.directory.card(body.model)
     prompt_ids = await ep.prompt_ids(card)
-    gen = await start_generation(rt, request, body, card, principal, prompt_ids, ep.max_tokens)
+    choices = await start_choices(rt, request, body, card, principal, prompt_ids, ep.max_tokens)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return GenerationEvents(_events(gen, ep, body.model, include_usage), gen, rt.settings.frontend.sse_ping_s)
-    async with gen:
-        text = "".join([piece async for piece in gen.text()])
-    return Response(encode(ep.response(f"{ep.id_prefix}{gen.request_id}", int(time.time()), body.model,
-                                       [ep.whole(text, gen.finish_reason)], usage=_usage(gen))),
-                    media_type="application/json", headers=worker_header(gen))
+        return GenerationEvents(_events(choices, ep, body.model, include_usage), choices,
+                                rt.settings.frontend.sse_ping_s)
+    async with choices:
+        texts = await choices.texts()
+    whole = [ep.whole(text, gen.finish_reason, i) for i, (text, gen) in enumerate(zip(texts, choices.generations))]
+    return Response(encode(ep.response(f"{ep.id_prefix}{choices.first.request_id}", int(time.time()), body.model,
+                                       whole, usage=_usage(choices))),
+                    media_type="application/json", headers=worker_header(choices.first))
 
 
-async def _events(gen: Generation, ep: Endpoint, model: str, include_usage: bool) -> AsyncIterator[bytes]:
-    """The SSE events of a started generation. Events that are ready together go out in one write
-    (each write is a send on the socket): the opening with the first text, and the finish chunk,
-    usage and ``[DONE]`` at the end. A failure ends the stream with an error event and ``[DONE]``."""
-    rid, created = f"{ep.id_prefix}{gen.request_id}", int(time.time())
+async def _events(choices: Choices, ep: Endpoint, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+    """The SSE events of a request's started choices. Events that are ready together go out in one
+    write (each write is a send on the socket): a choice's opening with its first text, and the last
+    finish chunk, usage and ``[DONE]`` at the end. A failure ends the stream with an error event and
+    ``[DONE]``."""
+    rid, created = f"{ep.id_prefix}{choices.first.request_id}", int(time.time())
 
     def chunk(choices: list[Any], usage: UsageInfo | None = None) -> bytes:
         return sse_event(encode(ep.chunk(rid, created, model, choices, usage=usage)))
 
-    opening = ep.opening()
-    head = chunk([opening]) if opening is not None else b""
-    async with gen:
+    def opening(index: int) -> bytes:
+        choice = ep.opening(index)
+        return chunk([choice]) if choice is not None else b""
+
+    heads = {i: opening(i) for i in range(len(choices.generations))}
+    tail = b""
+    async with choices:
         try:
-            async for text in gen.text():
-                yield head + chunk([ep.delta(text)])
-                head = b""
-            tail = head + chunk([ep.delta(None, gen.finish_reason)])
+            async for piece in choices.pieces():
+                head = heads.pop(piece.index, b"")
+                if piece.text is not None:
+                    yield tail + head + chunk([ep.delta(piece.text, index=piece.index)])
+                    tail = b""
+                else:  # the choice's end: held back to go out with what follows it
+                    gen = choices.generations[piece.index]
+                    tail += head + chunk([ep.delta(None, gen.finish_reason, piece.index)])
             if include_usage:
-                tail += chunk([], _usage(gen))
+                tail += chunk([], _usage(choices))
         except SluiceError as exc:
-            tail = head + sse_event(error_payload(exc))
+            tail += b"".join(heads.values()) + sse_event(error_payload(exc))
         yield tail + DONE
 
 
-def _usage(gen: Generation) -> UsageInfo:
-    return make_usage(gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens)
+def _usage(choices: Choices) -> UsageInfo:
+    return make_usage(choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens)
 
 
-async def start_generation(rt: FrontendRuntime, request: Request, body: SamplingFields, card: ModelCard,
-                           principal: Principal | None, prompt_ids: list[int],
-                           requested_max_tokens: int | None) -> Generation:
-    """Check limits, routing parameters and quotas, route and enqueue. Nothing leaks if this raises."""
+async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFields, card: ModelCard,
+                        principal: Principal | None, prompt_ids: list[int],
+                        requested_max_tokens: int | None) -> Choices:
+    """Check limits, routing parameters and quotas, then route and enqueue each of the request's
+    ``n`` choices (app.choices). Nothing leaks if this raises."""
     if rt.drain.draining:
         raise ShuttingDown("the frontend is shutting down and takes no new request; retry on another")
     if not rt.hub.subscribed:
@@ -137,15 +153,24 @@ async def start_generation(rt: FrontendRuntime, request: Request, body: Sampling
         rt.policy(overrides.mode)  # an unknown mode is the client's mistake: 400 before any quota is spent
     sampling = sampling_from(body, sampling_defaults(card, rt.settings.frontend), max_tokens, card.vocab_size)
     await rt.accounts.admit(principal, body.model, len(prompt_ids))
-    spec = GenerationSpec(model=body.model, prompt_token_ids=prompt_ids, stops=tuple(body.stop_strings()),
-                          sampling=sampling, overrides=overrides, user=body.user)
-    gen = Generation(rt, spec, card, principal)
+    gens: list[Generation] = []
     try:
-        await gen.start()
+        for i in range(body.n):
+            first = gens[0] if gens else None
+            pinned = overrides if first is None or first.worker_id is None \
+                else dataclasses.replace(overrides, worker_id=first.worker_id)
+            spec = GenerationSpec(
+                model=body.model, prompt_token_ids=prompt_ids, stops=tuple(body.stop_strings()),
+                sampling=msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, i)),
+                overrides=pinned, user=body.user, charge_prompt=first is None)
+            gen = Generation(rt, spec, card, principal)
+            gens.append(gen)
+            await gen.start()
     except BaseException:
-        await gen.close()
+        for gen in gens:
+            await gen.close()
         raise
-    return gen
+    return Choices(gens)
 
 
 def sampling_defaults(card: ModelCard, frontend: FrontendSettings) -> dict[str, float]:
@@ -169,13 +194,13 @@ class GenerationEvents(StreamingEvents):
     ends; if the client leaves before the generator ever ran, the response closes it here, so the
     router's prediction and the stream registration never leak."""
 
-    def __init__(self, events: AsyncIterator[bytes], gen: Generation, ping_s: float = 0) -> None:
+    def __init__(self, events: AsyncIterator[bytes], choices: Choices, ping_s: float = 0) -> None:
         super().__init__(events, ping_s=ping_s)
-        self.generation = gen
-        self.headers.update(worker_header(gen))
+        self.choices = choices
+        self.headers.update(worker_header(choices.first))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.generation.close()
+            await self.choices.close()

@@ -1,5 +1,5 @@
 """The chat and completions endpoints on the shared serving path (app.api.serving), with a real model
-card and a scripted generation: the order of the request checks, what reaches start_generation, and
+card and a scripted generation: the order of the request checks, what reaches start_choices, and
 the exact responses, streamed (which events, grouped into which writes) and whole."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from app.api import serving
 from app.api.chat import chat_completions
 from app.api.completions import completions
+from app.choices import Choices
 from app.model_card import ModelCard
 from app.prompting import chat_prompt_ids
 from app.protocol.chat import ChatCompletionRequest
@@ -61,14 +62,14 @@ def card(tokenizer_dir) -> ModelCard:  # noqa: ANN001
 
 @pytest.fixture
 def started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """What start_generation was called with; it returns the generation the test put in ``gen``."""
+    """What start_choices was called with; it returns the generation the test put in ``gen``."""
     calls: list[dict[str, Any]] = []
 
     async def fake_start(rt, request, body, card, principal, prompt_ids, requested_max_tokens):  # noqa: ANN001, ANN202
         calls.append({"prompt_ids": prompt_ids, "max_tokens": requested_max_tokens, "principal": principal})
-        return rt.gen
+        return Choices([rt.gen])
 
-    monkeypatch.setattr(serving, "start_generation", fake_start)
+    monkeypatch.setattr(serving, "start_choices", fake_start)
     return calls
 
 

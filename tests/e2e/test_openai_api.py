@@ -138,7 +138,7 @@ def test_concurrent_streams_all_complete(client: openai.OpenAI) -> None:
     ({"model": MODEL, "messages": QUESTION, "temperature": 5}, 400, "temperature", None),
     ({"model": MODEL, "messages": []}, 400, "messages", None),
     ({"model": MODEL}, 400, "messages", None),
-    ({"model": MODEL, "messages": QUESTION, "n": 2}, 400, "n", None),
+    ({"model": MODEL, "messages": QUESTION, "n": 17}, 400, "n", None),
     ({"model": MODEL, "messages": QUESTION, "max_tokens": 0}, 400, "max_tokens", None),
     ({"model": MODEL, "messages": QUESTION, "max_tokens": 9000}, 400, "max_tokens", "context_length_exceeded"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 9000}]}, 400, "messages",
@@ -244,3 +244,25 @@ def test_logit_bias_and_penalties_reach_the_engine(client: openai.OpenAI, stack:
     r = httpx.post(f"{stack.base_url}/v1/chat/completions", timeout=10,
                    json={"model": MODEL, "messages": QUESTION, "logit_bias": {"99999999": 1}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+
+
+def test_n_choices_streamed_interleaved_and_whole(client: openai.OpenAI, stack: Stack) -> None:
+    """n = 3: three choices with their own index and seed, the prompt counted once in usage; the
+    streamed choices, read by index, give the same texts."""
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 12, "n": 3, "temperature": 0.7, "seed": 11,
+           "extra_body": {"ignore_eos": True}}
+    whole = client.chat.completions.create(**ask)
+    single = client.chat.completions.create(**{**ask, "n": 1})
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    texts = [c.message.content for c in whole.choices]
+    assert len(set(texts)) == 3 and texts[0] == single.choices[0].message.content  # choice 0 keeps the seed
+    assert whole.usage.prompt_tokens == single.usage.prompt_tokens and whole.usage.completion_tokens == 36
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    streamed = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+                for i in range(3)}
+    assert [streamed[i] for i in range(3)] == texts
+    finishes = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason == "length")
+    assert finishes == [0, 1, 2] and chunks[-1].usage.completion_tokens == 36
+    too_many = httpx.post(f"{stack.base_url}/v1/chat/completions", timeout=10,
+                          json={"model": MODEL, "messages": QUESTION, "n": 100})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
