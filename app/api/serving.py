@@ -90,7 +90,8 @@ async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Pr
                                 rt.settings.frontend.sse_ping_s)
     async with choices:
         texts = await choices.texts()
-    whole = [ep.whole(text, gen.finish_reason, i) for i, (text, gen) in enumerate(zip(texts, choices.generations))]
+    whole = [ep.whole(text, gen.finish_reason, i)
+             for i, (text, gen) in enumerate(zip(texts, choices.generations, strict=True))]
     return Response(encode(ep.response(f"{ep.id_prefix}{choices.first.request_id}", int(time.time()), body.model,
                                        whole, usage=_usage(choices))),
                     media_type="application/json", headers=worker_header(choices.first))
