@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.generation import Generation
 from core.errors import SluiceError
+from core.messages import TokenLogprob
 
 #: Seeds are signed 64-bit integers; the ``i``-th choice's wraps around.
 _SEED_SPAN = 1 << 64
@@ -32,10 +33,12 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """Text of choice ``index``, or (``text`` None) its end."""
+    """Text of choice ``index``, or (``text`` None) its end, with the logprobs of the tokens
+    received since its previous piece (when asked for)."""
 
     index: int
     text: str | None
+    logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)
 
 
 class Choices:
@@ -72,17 +75,18 @@ class Choices:
         """Every choice's text as it arrives, then its end (:class:`Piece` with no text). One choice
         is read directly; several through a queue fed by a task each. Raises the first failure."""
         if len(self.generations) == 1:
-            async for text in self.first.text():
-                yield Piece(0, text)
-            yield Piece(0, None)
+            gen = self.first
+            async for text in gen.text():
+                yield Piece(0, text, gen.take_logprobs())
+            yield Piece(0, None, gen.take_logprobs())
             return
         queue: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
 
         async def read(index: int, gen: Generation) -> None:
             try:
                 async for text in gen.text():
-                    queue.put_nowait(Piece(index, text))
-                queue.put_nowait(Piece(index, None))
+                    queue.put_nowait(Piece(index, text, gen.take_logprobs()))
+                queue.put_nowait(Piece(index, None, gen.take_logprobs()))
             except (SluiceError, asyncio.CancelledError) as exc:
                 queue.put_nowait(exc)
             except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
@@ -103,10 +107,12 @@ class Choices:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def texts(self) -> list[str]:
-        """Each choice's whole text."""
+    async def texts(self) -> list[tuple[str, list[tuple[int, TokenLogprob]]]]:
+        """Each choice's whole text, and its tokens' logprobs (when asked for)."""
         parts: list[list[str]] = [[] for _ in self.generations]
+        logprobs: list[list[tuple[int, TokenLogprob]]] = [[] for _ in self.generations]
         async for piece in self.pieces():
+            logprobs[piece.index].extend(piece.logprobs)
             if piece.text is not None:
                 parts[piece.index].append(piece.text)
-        return ["".join(p) for p in parts]
+        return [("".join(p), lp) for p, lp in zip(parts, logprobs, strict=True)]

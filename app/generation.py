@@ -49,6 +49,7 @@ from core.messages import (
     GenerateRequest,
     SamplingParams,
     TokenDelta,
+    TokenLogprob,
     request_to_builtins,
 )
 from core.wire import GENERATE_TASK, PREFILL_TASK, task_message_parts
@@ -122,6 +123,8 @@ class Generation:
         self._wire_id = self.request_id
         #: Every token streamed so far (what a migrated attempt is given), and the workers lost.
         self._generated: list[int] = []
+        #: With ``sampling.logprobs``: (token id, its logprobs) of the tokens not yet handed out.
+        self._logprobs: list[tuple[int, TokenLogprob]] = []
         self._lost: list[str] = []
         self._migrations = 0
         self._awaiting_first = True
@@ -247,6 +250,11 @@ class Generation:
         if not decision.enqueued:
             await self.rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
 
+    def take_logprobs(self) -> list[tuple[int, TokenLogprob]]:
+        """The logprobs of the tokens received since the last call (with ``sampling.logprobs``)."""
+        out, self._logprobs = self._logprobs, []
+        return out
+
     async def text(self) -> AsyncIterator[str]:
         """Client-visible text as it arrives; ends after the last delta. Raises UpstreamError on failure."""
         assert self._stream is not None
@@ -279,6 +287,8 @@ class Generation:
             last = None
             for delta in batch:
                 token_ids.extend(delta.token_ids)
+                if delta.logprobs:
+                    self._logprobs.extend(zip(delta.token_ids, delta.logprobs, strict=False))
                 if delta.is_last:
                     last = delta
             if token_ids:
@@ -504,7 +514,8 @@ def log_request(record: UsageRecord, user: str | None = None) -> None:
                "key_id": record.key_id, "user": user})
 
 
-def sampling_from(body: SamplingFields, defaults: dict[str, float], max_tokens: int, vocab_size: int) -> SamplingParams:
+def sampling_from(body: SamplingFields, defaults: dict[str, float], max_tokens: int, vocab_size: int,
+                  logprobs: int | None = None) -> SamplingParams:
     """The engine's sampling for a request: each field as asked, else the deployment's or model's
     default (``defaults``), else OpenAI's or vLLM's neutral value."""
     if body.min_tokens > max_tokens:
@@ -523,4 +534,4 @@ def sampling_from(body: SamplingFields, defaults: dict[str, float], max_tokens: 
         top_k=max(0, int(pick("top_k", 0))), min_p=pick("min_p", 0.0),
         presence_penalty=pick("presence_penalty", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
         repetition_penalty=pick("repetition_penalty", 1.0),
-        logit_bias=tuple(sorted((int(t), float(b)) for t, b in bias.items())))
+        logit_bias=tuple(sorted((int(t), float(b)) for t, b in bias.items())), logprobs=logprobs)

@@ -35,6 +35,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     repetition_penalty: float = 1.0
     #: (token id, bias) pairs, sorted by id (a list, since JSON task messages have only string keys).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    #: Log probabilities to return: None, none; k, the chosen token's and the k most likely (0..20).
+    logprobs: int | None = None
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -80,6 +82,14 @@ class ErrorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     code: str | None = None
 
 
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """A generated token's log probability, and the most likely tokens at its position (``top``:
+    (token id, log probability) pairs, most likely first)."""
+
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
 class TokenDelta(msgspec.Struct, frozen=True, omit_defaults=True):
     request_id: str
     seq: int
@@ -89,6 +99,8 @@ class TokenDelta(msgspec.Struct, frozen=True, omit_defaults=True):
     error: ErrorInfo | None = None
     worker_id: str | None = None
     started_at: float | None = None
+    #: With ``sampling.logprobs``: one per token of ``token_ids``.
+    logprobs: list[TokenLogprob] | None = None
     v: int = MESSAGE_VERSION
 
     @property

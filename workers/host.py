@@ -344,7 +344,8 @@ class EngineHost:
                     await self.engine.release_transfer(req.request_id)
                 self._send(req, TokenDelta(
                     req.request_id, seq, out.token_ids, finish_reason=out.finish_reason, usage=out.usage,
-                    worker_id=wid if first else None, started_at=started_at if first else None))
+                    worker_id=wid if first else None, started_at=started_at if first else None,
+                    logprobs=out.logprobs))
                 first = False
                 seq += 1
                 if out.finish_reason is not None:

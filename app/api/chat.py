@@ -9,6 +9,7 @@ from starlette.responses import Response
 from app.api.deps import CallerDep, RuntimeDep
 from app.api.openapi import STREAM_RESPONSE, error_responses
 from app.api.serving import Endpoint, serve
+from app.logprobs import Entries, chat_logprobs
 from app.model_card import ModelCard
 from app.prompting import chat_prompt_ids
 from app.protocol.chat import (
@@ -20,6 +21,7 @@ from app.protocol.chat import (
     Delta,
     ResponseMessage,
 )
+from app.protocol.logprobs import ChatLogprobs
 
 router = APIRouter()
 
@@ -42,11 +44,20 @@ class Chat(Endpoint):
     def opening(self, index: int = 0) -> ChunkChoice:
         return ChunkChoice(index, Delta(role="assistant", content=""))
 
-    def delta(self, text: str | None, finish_reason: str | None = None, index: int = 0) -> ChunkChoice:
-        return ChunkChoice(index, Delta(content=text), finish_reason)
+    @property
+    def logprobs(self) -> int | None:
+        return (self.body.top_logprobs or 0) if self.body.logprobs else None
 
-    def whole(self, text: str, finish_reason: str | None, index: int = 0) -> ChatChoice:
-        return ChatChoice(index, ResponseMessage("assistant", text), finish_reason)
+    def format_logprobs(self, card: ModelCard, entries: Entries, offset: int) -> ChatLogprobs:
+        return chat_logprobs(card, entries)
+
+    def delta(self, text: str | None, finish_reason: str | None = None, index: int = 0,
+              logprobs: ChatLogprobs | None = None) -> ChunkChoice:
+        return ChunkChoice(index, Delta(content=text), finish_reason, logprobs)
+
+    def whole(self, text: str, finish_reason: str | None, index: int = 0,
+              logprobs: ChatLogprobs | None = None) -> ChatChoice:
+        return ChatChoice(index, ResponseMessage("assistant", text), finish_reason, logprobs)
 
 
 @router.post("/v1/chat/completions", responses={**STREAM_RESPONSE, **error_responses(400, 401, 403, 404, 413, 429, 502, 503)})

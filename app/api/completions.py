@@ -9,9 +9,11 @@ from starlette.responses import Response
 from app.api.deps import CallerDep, RuntimeDep
 from app.api.openapi import STREAM_RESPONSE, error_responses
 from app.api.serving import Endpoint, serve
+from app.logprobs import Entries, completion_logprobs
 from app.model_card import ModelCard
 from app.prompting import completion_prompt_ids
 from app.protocol.completions import Completion, CompletionChoice, CompletionRequest
+from app.protocol.logprobs import CompletionLogprobs
 from core.errors import InvalidRequest
 
 router = APIRouter()
@@ -40,14 +42,26 @@ class Completions(Endpoint):
     def max_tokens(self) -> int | None:
         return self.body.max_tokens
 
+    @property
+    def logprobs(self) -> int | None:
+        return self.body.logprobs
+
+    def format_logprobs(self, card: ModelCard, entries: Entries, offset: int) -> CompletionLogprobs:
+        return completion_logprobs(card, entries, offset)
+
     def opening(self, index: int = 0) -> CompletionChoice | None:
         return CompletionChoice(index, self.echo, None) if self.echo else None
 
-    def delta(self, text: str | None, finish_reason: str | None = None, index: int = 0) -> CompletionChoice:
-        return CompletionChoice(index, text or "", finish_reason)
+    def opening_text(self) -> str:
+        return self.echo
 
-    def whole(self, text: str, finish_reason: str | None, index: int = 0) -> CompletionChoice:
-        return CompletionChoice(index, self.echo + text, finish_reason)
+    def delta(self, text: str | None, finish_reason: str | None = None, index: int = 0,
+              logprobs: CompletionLogprobs | None = None) -> CompletionChoice:
+        return CompletionChoice(index, text or "", finish_reason, logprobs)
+
+    def whole(self, text: str, finish_reason: str | None, index: int = 0,
+              logprobs: CompletionLogprobs | None = None) -> CompletionChoice:
+        return CompletionChoice(index, self.echo + text, finish_reason, logprobs)
 
 
 @router.post("/v1/completions", responses={**STREAM_RESPONSE, **error_responses(400, 401, 403, 404, 413, 429, 502, 503)})

@@ -27,6 +27,7 @@ from app.api.deps import router_overrides
 from app.api.sse import DONE, StreamingEvents, sse_event
 from app.choices import Choices, choice_seed
 from app.generation import Generation, GenerationSpec, resolve_max_tokens, sampling_from
+from app.logprobs import Entries
 from app.model_card import ModelCard
 from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
 from app.runtime import FrontendRuntime
@@ -62,16 +63,30 @@ class Endpoint(abc.ABC):
     def max_tokens(self) -> int | None:
         """The completion length the request asked for (None: whatever fits)."""
 
+    @property
+    def logprobs(self) -> int | None:
+        """How many top logprobs per token the request asked for (None: no logprobs)."""
+        return None
+
+    def format_logprobs(self, card: ModelCard, entries: Entries, offset: int) -> Any | None:
+        """``entries`` in the endpoint's logprobs shape (``offset``: where their text starts in the choice)."""
+        return None
+
     def opening(self, index: int = 0) -> Any | None:
         """Choice ``index`` streamed ahead of its first text, in the same write (None: nothing)."""
         return None
 
+    def opening_text(self) -> str:
+        """The text every choice starts with before the generated text (a completion's echo)."""
+        return ""
+
     @abc.abstractmethod
-    def delta(self, text: str | None, finish_reason: str | None = None, index: int = 0) -> Any:
+    def delta(self, text: str | None, finish_reason: str | None = None, index: int = 0,
+              logprobs: Any | None = None) -> Any:
         """Streamed choice ``index``: new ``text``, or (``None``) its end, with its ``finish_reason``."""
 
     @abc.abstractmethod
-    def whole(self, text: str, finish_reason: str | None, index: int = 0) -> Any:
+    def whole(self, text: str, finish_reason: str | None, index: int = 0, logprobs: Any | None = None) -> Any:
         """Choice ``index`` of a response that is not streamed."""
 
 
@@ -83,21 +98,23 @@ async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Pr
     ep = endpoint(body)
     card = await rt.directory.card(body.model)
     prompt_ids = await ep.prompt_ids(card)
-    choices = await start_choices(rt, request, body, card, principal, prompt_ids, ep.max_tokens)
+    choices = await start_choices(rt, request, body, card, principal, prompt_ids, ep.max_tokens, ep.logprobs)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return GenerationEvents(_events(choices, ep, body.model, include_usage), choices,
+        return GenerationEvents(_events(choices, ep, card, body.model, include_usage), choices,
                                 rt.settings.frontend.sse_ping_s)
     async with choices:
         texts = await choices.texts()
-    whole = [ep.whole(text, gen.finish_reason, i)
-             for i, (text, gen) in enumerate(zip(texts, choices.generations, strict=True))]
+    start = len(ep.opening_text())
+    whole = [ep.whole(text, gen.finish_reason, i, ep.format_logprobs(card, lps, start) if lps else None)
+             for i, ((text, lps), gen) in enumerate(zip(texts, choices.generations, strict=True))]
     return Response(encode(ep.response(f"{ep.id_prefix}{choices.first.request_id}", int(time.time()), body.model,
                                        whole, usage=_usage(choices))),
                     media_type="application/json", headers=worker_header(choices.first))
 
 
-async def _events(choices: Choices, ep: Endpoint, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+async def _events(choices: Choices, ep: Endpoint, card: ModelCard, model: str,
+                  include_usage: bool) -> AsyncIterator[bytes]:
     """The SSE events of a request's started choices. Events that are ready together go out in one
     write (each write is a send on the socket): a choice's opening with its first text, and the last
     finish chunk, usage and ``[DONE]`` at the end. A failure ends the stream with an error event and
@@ -112,17 +129,20 @@ async def _events(choices: Choices, ep: Endpoint, model: str, include_usage: boo
         return chunk([choice]) if choice is not None else b""
 
     heads = {i: opening(i) for i in range(len(choices.generations))}
+    offsets = dict.fromkeys(range(len(choices.generations)), len(ep.opening_text()))
     tail = b""
     async with choices:
         try:
             async for piece in choices.pieces():
                 head = heads.pop(piece.index, b"")
+                lps = ep.format_logprobs(card, piece.logprobs, offsets[piece.index]) if piece.logprobs else None
                 if piece.text is not None:
-                    yield tail + head + chunk([ep.delta(piece.text, index=piece.index)])
+                    offsets[piece.index] += len(piece.text)
+                    yield tail + head + chunk([ep.delta(piece.text, index=piece.index, logprobs=lps)])
                     tail = b""
                 else:  # the choice's end: held back to go out with what follows it
                     gen = choices.generations[piece.index]
-                    tail += head + chunk([ep.delta(None, gen.finish_reason, piece.index)])
+                    tail += head + chunk([ep.delta(None, gen.finish_reason, piece.index, lps)])
             if include_usage:
                 tail += chunk([], _usage(choices))
         except SluiceError as exc:
@@ -136,7 +156,7 @@ def _usage(choices: Choices) -> UsageInfo:
 
 async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFields, card: ModelCard,
                         principal: Principal | None, prompt_ids: list[int],
-                        requested_max_tokens: int | None) -> Choices:
+                        requested_max_tokens: int | None, logprobs: int | None = None) -> Choices:
     """Check limits, routing parameters and quotas, then route and enqueue each of the request's
     ``n`` choices (app.choices). Nothing leaks if this raises."""
     if rt.drain.draining:
@@ -152,7 +172,8 @@ async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFie
     overrides = router_overrides(request.headers.get("x-sluice-router"), ext)
     if overrides.mode is not None:
         rt.policy(overrides.mode)  # an unknown mode is the client's mistake: 400 before any quota is spent
-    sampling = sampling_from(body, sampling_defaults(card, rt.settings.frontend), max_tokens, card.vocab_size)
+    sampling = sampling_from(body, sampling_defaults(card, rt.settings.frontend), max_tokens, card.vocab_size,
+                             logprobs)
     await rt.accounts.admit(principal, body.model, len(prompt_ids))
     gens: list[Generation] = []
     try:

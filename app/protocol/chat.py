@@ -10,6 +10,7 @@ from typing_extensions import TypedDict  # pydantic needs this one before Python
 
 from app.protocol.common import SamplingFields, UsageInfo
 from app.protocol.fields import Flag, Text, TokenCount, valid_unicode
+from app.protocol.logprobs import ChatLogprobs
 
 # Messages and their parts are TypedDicts, not models: validating one is several times cheaper,
 # and a body within the size limit may hold a hundred thousand of them.
@@ -68,8 +69,8 @@ class ChatCompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:
-        if self.logprobs:
-            raise ValueError("logprobs are not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         if self.tools:
             raise ValueError("tools are not supported")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
@@ -89,7 +90,7 @@ class ChatChoice(msgspec.Struct):
     index: int
     message: ResponseMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(msgspec.Struct):
@@ -111,7 +112,7 @@ class ChunkChoice(msgspec.Struct):
     index: int
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct):

@@ -9,6 +9,7 @@ from pydantic import Discriminator, Field, Strict, Tag, model_validator
 
 from app.protocol.common import SamplingFields, UsageInfo
 from app.protocol.fields import Flag, Text, TokenCount, TokenId
+from app.protocol.logprobs import CompletionLogprobs
 
 
 def _prompt_shape(prompt: Any) -> str | None:
@@ -44,8 +45,8 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        if self.logprobs is not None:
-            raise ValueError("logprobs are not supported")
+        if self.logprobs is not None and self.echo:
+            raise ValueError("logprobs with echo (the prompt's logprobs) are not supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
         if self.best_of not in (None, 1, self.n):
@@ -64,7 +65,7 @@ class CompletionChoice(msgspec.Struct):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(msgspec.Struct):

@@ -47,6 +47,9 @@ class ScriptedGeneration:
     async def close(self) -> None:
         self.closed = True
 
+    def take_logprobs(self) -> list:
+        return []
+
     async def text(self) -> AsyncIterator[str]:
         for piece in self.pieces:
             yield piece
@@ -65,7 +68,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """What start_choices was called with; it returns the generation the test put in ``gen``."""
     calls: list[dict[str, Any]] = []
 
-    async def fake_start(rt, request, body, card, principal, prompt_ids, requested_max_tokens):  # noqa: ANN001, ANN202
+    async def fake_start(rt, request, body, card, principal, prompt_ids, requested_max_tokens, logprobs=None):  # noqa: ANN001, ANN202
         calls.append({"prompt_ids": prompt_ids, "max_tokens": requested_max_tokens, "principal": principal})
         return Choices([rt.gen])
 

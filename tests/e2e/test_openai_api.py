@@ -266,3 +266,28 @@ def test_n_choices_streamed_interleaved_and_whole(client: openai.OpenAI, stack: 
     too_many = httpx.post(f"{stack.base_url}/v1/chat/completions", timeout=10,
                           json={"model": MODEL, "messages": QUESTION, "n": 100})
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
+
+
+def test_logprobs_in_openais_shapes_streamed_and_whole(client: openai.OpenAI) -> None:
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 10, "temperature": 0, "logprobs": True,
+           "top_logprobs": 3, "extra_body": {"ignore_eos": True}}
+    whole = client.chat.completions.create(**ask)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens == 10
+    assert "".join(t.token for t in content) == whole.choices[0].message.content
+    for t in content:  # greedy: the chosen token is the most likely one
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token and t.logprob <= 0
+        assert [x.logprob for x in t.top_logprobs] == sorted((x.logprob for x in t.top_logprobs), reverse=True)
+        assert bytes(t.bytes).decode() == t.token
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    plain = client.chat.completions.create(**{**ask, "logprobs": False, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
+
+    done = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0, logprobs=2,
+                                     extra_body={"ignore_eos": True})
+    lp = done.choices[0].logprobs
+    assert "".join(lp.tokens) == done.choices[0].text and len(lp.token_logprobs) == 6
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    assert all(len(top) == 2 for top in lp.top_logprobs)

@@ -85,6 +85,21 @@ def test_sampling_fields_reach_vllm(client: openai.OpenAI, vllm_stack: Stack) ->
     assert penalised.choices[0].message.content != plain.choices[0].message.content
 
 
+def test_logprobs_are_vllms(client: openai.OpenAI) -> None:
+    """Greedy with top_logprobs: each chosen token is vLLM's most likely one, and the log
+    probabilities are real ones (negative, not all equal), streamed as whole."""
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    whole = client.chat.completions.create(**ask)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    assert "".join(t.token for t in content) == whole.choices[0].message.content
+    assert all(t.top_logprobs[0].token == t.token and t.logprob <= 0 for t in content)
+    assert len({round(t.logprob, 3) for t in content}) > 1
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    streamed = [t.token for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert streamed == [t.token for t in content]
+
+
 def test_streaming_gives_the_same_answer(client: openai.OpenAI) -> None:
     whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32, temperature=0)
     chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32, temperature=0,

@@ -98,6 +98,17 @@ async def test_stored_events_name_the_prompt_blocks_in_sluice_hashes(engine: Eng
     assert set(expected) <= set(engine.engine.cached_block_hashes())
 
 
+def test_vllms_logprobs_become_sluices() -> None:
+    from vllm.logprobs import Logprob
+
+    from workers.engines.vllm_engine import token_logprobs
+
+    step = {7: Logprob(-0.5, rank=2), 9: Logprob(-0.1, rank=1), 3: Logprob(-2.0, rank=3)}
+    (entry,) = token_logprobs([7], [step], 2)
+    assert entry.logprob == -0.5 and entry.top == [(9, -0.1), (7, -0.5)]
+    assert token_logprobs([7], [step], None) is None
+
+
 def test_sampling_maps_to_vllm() -> None:
     from vllm.sampling_params import RequestOutputKind
 

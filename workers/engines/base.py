@@ -65,7 +65,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from core.messages import FinishReason, KvEvent, SamplingParams, Usage
+from core.messages import FinishReason, KvEvent, SamplingParams, TokenLogprob, Usage
 from router.registry import WorkerLoad
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,8 @@ class EngineOutput:
     usage: Usage | None = None
     #: On the last output of a ``kv_export`` request: what a decode worker needs to read the KV.
     kv_handle: dict[str, Any] | None = None
+    #: With ``sampling.logprobs``: one per token of ``token_ids``.
+    logprobs: list[TokenLogprob] | None = None
 
 
 #: Why an engine lost track of its cache: reports were lost on the way (a ``gap`` in their numbering)

@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
-from core.messages import AllBlocksCleared, FinishReason, SamplingParams, Usage
+from core.messages import AllBlocksCleared, FinishReason, SamplingParams, TokenLogprob, Usage
 from core.settings import MockerSettings
 from router.hashing import block_hashes, root_hash
 from router.registry import WorkerLoad
@@ -61,7 +61,7 @@ from workers.engines.base import (
 )
 from workers.engines.mocker_kv import KvBlockManager
 from workers.engines.mocker_timing import step_ms
-from workers.engines.mocker_tokens import FIRST_TOKEN_ID, finish_reason, next_token, stream_key
+from workers.engines.mocker_tokens import FIRST_TOKEN_ID, choose, finish_reason, stream_key
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class _Request:
     cached_tokens: int | None = None  # set at first admission
     # the output stream
     pending: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     emitted: int = 0
     finish: FinishReason | None = None
     error: Exception | None = None
@@ -120,7 +121,7 @@ class _Request:
 
 
 # A token a step produced for a request, and the finish reason if it was the last one.
-_Delivery = tuple[_Request, int, FinishReason | None]
+_Delivery = tuple[_Request, int, FinishReason | None, TokenLogprob | None]
 
 
 class MockerEngine(Engine):
@@ -179,11 +180,12 @@ class MockerEngine(Engine):
                 if req.error is not None:
                     raise req.error
                 tokens, req.pending = req.pending, []
+                logprobs, req.pending_logprobs = (req.pending_logprobs or None), []
                 if req.finish is not None:
                     handle = self._handle(req) if req.request_id in self._held else None
-                    yield EngineOutput(tokens, req.finish, self._usage(req), kv_handle=handle)
+                    yield EngineOutput(tokens, req.finish, self._usage(req), kv_handle=handle, logprobs=logprobs)
                     return
-                yield EngineOutput(tokens)
+                yield EngineOutput(tokens, logprobs=logprobs)
         finally:
             if not req.closed:  # the consumer left early (closed or cancelled the iterator)
                 self._drop(req)
@@ -344,10 +346,12 @@ class MockerEngine(Engine):
         req.wake()
 
     def _deliver(self, deliveries: Sequence[_Delivery]) -> None:
-        for req, token, reason in deliveries:
+        for req, token, reason, logprob in deliveries:
             if req.closed:  # aborted while its step ran
                 continue
             req.pending.append(token)
+            if logprob is not None:
+                req.pending_logprobs.append(logprob)
             req.emitted += 1
             if reason is not None:
                 self._close(req, finish=reason)
@@ -507,8 +511,8 @@ class MockerEngine(Engine):
             self._register_full_blocks(req, before, after)
         if req.num_computed < len(req.tokens):  # a prefill chunk short of the end
             return None
-        token = next_token(req.key, len(req.tokens) - req.prompt_len, req.sampling, self.settings.vocab_size,
-                           req.tokens, req.prompt_len)
+        token, logprob = choose(req.key, len(req.tokens) - req.prompt_len, req.sampling, self.settings.vocab_size,
+                                req.tokens, req.prompt_len)
         req.tokens.append(token)
         reason = finish_reason(token, len(req.tokens) - req.prompt_len, len(req.tokens), req.sampling,
                                self.max_model_len)
@@ -519,7 +523,7 @@ class MockerEngine(Engine):
             else:
                 self._release(req)
             req.state = _State.DONE
-        return req, token, reason
+        return req, token, reason, logprob
 
     def _fail_all(self, exc: BaseException) -> None:
         """After a scheduler fault the state cannot be trusted: fail every request and start over

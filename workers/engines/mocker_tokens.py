@@ -20,7 +20,8 @@ tokens at each position: the stream's token (logit ``CANDIDATES``) and the draws
 before its bias); the penalties
 are applied as vLLM applies them (presence and frequency over the output so far, repetition over
 prompt and output), and the highest logit wins (ties: the lowest id). Without those fields the
-choice is the stream's token, as above. ``top_k``, ``top_p`` and ``min_p`` keep the highest logit
+choice is the stream's token, as above. Log probabilities (``logprobs``) are those of a softmax
+over the same candidates. ``top_k``, ``top_p`` and ``min_p`` keep the highest logit
 whatever their value, so they never change the mocker's choice; nor does ``temperature`` beyond
 greedy or not.
 
@@ -33,13 +34,14 @@ with ``length``.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Collection, Sequence
 
 import numpy as np
 import xxhash
 
-from core.messages import FinishReason, SamplingParams
+from core.messages import FinishReason, SamplingParams, TokenLogprob
 
 #: Token ids below this are never generated (special tokens live there).
 FIRST_TOKEN_ID = 16
@@ -85,10 +87,17 @@ def next_token(key: int, position: int, sampling: SamplingParams, vocab_size: in
     """Output token ``position`` of a request whose prompt and output so far are ``tokens`` (the
     first ``prompt_len`` of them the prompt): stop token ids are banned before ``min_tokens``, and
     penalties and bias weigh the candidates (module docstring)."""
+    return choose(key, position, sampling, vocab_size, tokens, prompt_len)[0]
+
+
+def choose(key: int, position: int, sampling: SamplingParams, vocab_size: int,
+           tokens: Sequence[int] = (), prompt_len: int = 0) -> tuple[int, TokenLogprob | None]:
+    """:func:`next_token`, and with ``sampling.logprobs`` its log probability among the candidates
+    (a softmax of their logits) with the ``sampling.logprobs`` most likely."""
     banned = sampling.stop_token_ids if position < sampling.min_tokens else ()
     first = token_at(key, position, vocab_size, banned)
-    if not shapes_choice(sampling):
-        return first
+    if not shapes_choice(sampling) and sampling.logprobs is None:
+        return first, None
     logits = {first: float(CANDIDATES)}
     for j in range(1, CANDIDATES):
         logits.setdefault(token_at((key + _MAX_DRAWS + j) & _U64, position, vocab_size, banned), float(CANDIDATES - j))
@@ -104,7 +113,13 @@ def next_token(key: int, position: int, sampling: SamplingParams, vocab_size: in
         if sampling.repetition_penalty != 1.0 and (count or token in seen):
             value = logits[token]
             logits[token] = value / sampling.repetition_penalty if value > 0 else value * sampling.repetition_penalty
-    return max(logits, key=lambda t: (logits[t], -t))
+    chosen = max(logits, key=lambda t: (logits[t], -t))
+    if sampling.logprobs is None:
+        return chosen, None
+    peak = logits[chosen]
+    log_total = peak + math.log(sum(math.exp(v - peak) for v in logits.values()))
+    ranked = sorted(logits, key=lambda t: (-logits[t], t))[:sampling.logprobs]
+    return chosen, TokenLogprob(logits[chosen] - log_total, [(t, logits[t] - log_total) for t in ranked])
 
 
 def finish_reason(

@@ -55,6 +55,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from vllm import SamplingParams as VllmSamplingParams
@@ -67,7 +68,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
-from core.messages import FinishReason, SamplingParams, Usage
+from core.messages import FinishReason, SamplingParams, TokenLogprob, Usage
 from core.settings import VllmSettings
 from router.registry import WorkerLoad
 from workers.engines.base import (
@@ -131,10 +132,23 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty,
         logit_bias=dict(params.logit_bias) or None,
+        logprobs=params.logprobs,
         output_kind=RequestOutputKind.DELTA,
         detokenize=False,
         skip_special_tokens=False,
     )
+
+
+def token_logprobs(tokens: list[int], sample_logprobs: Any, top: int | None) -> list[TokenLogprob] | None:
+    """vLLM's per-token logprob dicts (token id -> Logprob with ``rank``) of the new ``tokens`` as
+    Sluice's: each token's own, and the ``top`` most likely (rank 1..top), most likely first."""
+    if top is None or not sample_logprobs:
+        return None
+    out = []
+    for token, ranked in zip(tokens, list(sample_logprobs)[-len(tokens):], strict=False):
+        best = sorted(((lp.rank, tid, lp.logprob) for tid, lp in ranked.items() if lp.rank is not None and lp.rank <= top))
+        out.append(TokenLogprob(ranked[token].logprob, [(tid, lp) for _, tid, lp in best]))
+    return out
 
 
 async def _core_caught_up(llm: AsyncLLM) -> None:
@@ -297,6 +311,7 @@ class VllmEngine(Engine):
                 async for out in stream:
                     completion = out.outputs[0]
                     tokens = list(completion.token_ids)
+                    logprobs = token_logprobs(tokens, completion.logprobs, request.sampling.logprobs)
                     live.started = True
                     live.generated += len(tokens)
                     if out.num_cached_tokens:
@@ -305,14 +320,15 @@ class VllmEngine(Engine):
                         if live.aborted:  # aborted before vLLM knew the request: abort again
                             await llm.abort(request.request_id)
                         if tokens:
-                            yield EngineOutput(tokens)
+                            yield EngineOutput(tokens, logprobs=logprobs)
                         continue
                     finish = _FINISH_REASONS.get(completion.finish_reason, "error")
                     finished = True
                     if request.kv_export and out.kv_transfer_params and self.transfer is not None:
                         self._hold(request.request_id, self.transfer.lease_s)
                     yield EngineOutput(tokens, finish_reason=finish, usage=self._usage(request, live, cached),
-                                       kv_handle=out.kv_transfer_params if request.kv_export else None)
+                                       kv_handle=out.kv_transfer_params if request.kv_export else None,
+                                       logprobs=logprobs)
                     return
         except EngineDeadError as exc:
             self._report_dead("vLLM's engine core process died")
