@@ -48,6 +48,7 @@ from core.messages import (
     DecodeTarget,
     GenerateRequest,
     SamplingParams,
+    StructuredOutput,
     TokenDelta,
     TokenLogprob,
     request_to_builtins,
@@ -515,7 +516,7 @@ def log_request(record: UsageRecord, user: str | None = None) -> None:
 
 
 def sampling_from(body: SamplingFields, defaults: dict[str, float], max_tokens: int, vocab_size: int,
-                  logprobs: int | None = None) -> SamplingParams:
+                  logprobs: int | None = None, structured: StructuredOutput | None = None) -> SamplingParams:
     """The engine's sampling for a request: each field as asked, else the deployment's or model's
     default (``defaults``), else OpenAI's or vLLM's neutral value."""
     if body.min_tokens > max_tokens:
@@ -534,4 +535,5 @@ def sampling_from(body: SamplingFields, defaults: dict[str, float], max_tokens: 
         top_k=max(0, int(pick("top_k", 0))), min_p=pick("min_p", 0.0),
         presence_penalty=pick("presence_penalty", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
         repetition_penalty=pick("repetition_penalty", 1.0),
-        logit_bias=tuple(sorted((int(t), float(b)) for t, b in bias.items())), logprobs=logprobs)
+        logit_bias=tuple(sorted((int(t), float(b)) for t, b in bias.items())), logprobs=logprobs,
+        structured=structured)

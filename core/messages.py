@@ -19,6 +19,23 @@ MESSAGE_VERSION = 1
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
+#: What an engine may be able to do beyond plain generation (registered with its worker).
+#: ``structured_outputs``: output constrained to a JSON schema, JSON, a regex, a choice or a grammar.
+Feature = Literal["structured_outputs"]
+STRUCTURED_OUTPUTS: Feature = "structured_outputs"
+
+
+class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A constraint on the output (one of them): a JSON schema (as JSON text), any JSON object, a
+    regular expression, one of ``choice``, or an EBNF ``grammar``."""
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     max_tokens: int = 16
     temperature: float = 1.0
@@ -37,6 +54,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     logit_bias: tuple[tuple[int, float], ...] = ()
     #: Log probabilities to return: None, none; k, the chosen token's and the k most likely (0..20).
     logprobs: int | None = None
+    structured: StructuredOutput | None = None
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, omit_defaults=True):

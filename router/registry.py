@@ -46,6 +46,11 @@ class WorkerRecord(WorkerIdentity):
     slot: int = -1
     #: Whether the engine reports its KV cache through events (False: routers guess, approximate mode).
     kv_events: bool = True
+    #: What the engine can do beyond plain generation, comma-separated (workers.engines.base.Feature).
+    features: str = ""
+
+    def supports(self, feature: str) -> bool:
+        return feature in self.features.split(",")
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,7 +155,7 @@ class EngineHost:
         return WorkerRecord(
             **asdict(self.identity), engine=info.engine, block_size=info.block_size, kv_blocks=info.kv_blocks,
             max_num_seqs=info.max_num_seqs, context_length=info.context_length, started_at=time.time(),
-            kv_events=self.kv_events,
+            kv_events=self.kv_events, features=",".join(sorted(info.features)),
         )
 
     def _load(self) -> WorkerLoad:

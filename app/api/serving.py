@@ -31,6 +31,7 @@ from app.logprobs import Entries
 from app.model_card import ModelCard
 from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
 from app.runtime import FrontendRuntime
+from app.structured import check_engines, constraint_param, structured_from
 from core.errors import InvalidRequest, RequestPlaneUnavailable, ShuttingDown, SluiceError
 from core.http_errors import error_payload
 from core.settings import FrontendSettings
@@ -172,8 +173,11 @@ async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFie
     overrides = router_overrides(request.headers.get("x-sluice-router"), ext)
     if overrides.mode is not None:
         rt.policy(overrides.mode)  # an unknown mode is the client's mistake: 400 before any quota is spent
+    structured = structured_from(body)
+    if structured is not None:
+        check_engines(structured, rt.directory.workers_for(body.model), constraint_param(body))
     sampling = sampling_from(body, sampling_defaults(card, rt.settings.frontend), max_tokens, card.vocab_size,
-                             logprobs)
+                             logprobs, structured)
     await rt.accounts.admit(principal, body.model, len(prompt_ids))
     gens: list[Generation] = []
     try:

@@ -11,6 +11,7 @@ from typing_extensions import TypedDict  # pydantic needs this one before Python
 from app.protocol.common import SamplingFields, UsageInfo
 from app.protocol.fields import Flag, Text, TokenCount, valid_unicode
 from app.protocol.logprobs import ChatLogprobs
+from app.protocol.structured import ResponseFormat
 
 # Messages and their parts are TypedDicts, not models: validating one is several times cheaper,
 # and a body within the size limit may hold a hundred thousand of them.
@@ -64,7 +65,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: Flag | None = None
     top_logprobs: Annotated[int, Strict(), Field(ge=0, le=20)] | None = None
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     add_generation_prompt: Flag = True
 
     @model_validator(mode="after")
@@ -73,8 +74,6 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs needs logprobs: true")
         if self.tools:
             raise ValueError("tools are not supported")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError("only response_format type 'text' is supported")
         return self
 
     def token_limit(self) -> int | None:

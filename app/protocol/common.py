@@ -17,6 +17,7 @@ from app.protocol.fields import (
     TokenId,
     valid_unicode,
 )
+from app.protocol.structured import StructuredOutputsRequest
 
 MAX_STOP_STRINGS = 16
 
@@ -73,6 +74,12 @@ class SamplingFields(BaseModel):
     ignore_eos: Flag = False
     min_tokens: Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)] = 0
     stop_token_ids: list[TokenId] | None = None
+    # vLLM's structured outputs (app.structured): one constraint
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: NonEmptyText | None = None
+    guided_choice: Annotated[list[NonEmptyText], Field(min_length=1)] | None = None
+    guided_grammar: NonEmptyText | None = None
     sluice: SluiceExtension | None = None
 
     @field_validator("stop")

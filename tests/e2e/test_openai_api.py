@@ -291,3 +291,30 @@ def test_logprobs_in_openais_shapes_streamed_and_whole(client: openai.OpenAI) ->
     assert "".join(lp.tokens) == done.choices[0].text and len(lp.token_logprobs) == 6
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
     assert all(len(top) == 2 for top in lp.top_logprobs)
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     "response_format"),
+    ({"guided_choice": ["yes", "no"]}, "guided_choice"),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, "structured_outputs"),
+])
+def test_a_constraint_the_mocker_cannot_honour_is_a_400_naming_it(stack: Stack, extra: dict, param: str) -> None:
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", timeout=10,
+                   json={"model": MODEL, "messages": QUESTION, **extra})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "unsupported_by_engine" and "mocker" in error["message"] and error["param"] == param
+
+
+def test_two_constraints_or_a_bad_one_are_400s(stack: Stack) -> None:
+    both = httpx.post(f"{stack.base_url}/v1/chat/completions", timeout=10, json={
+        "model": MODEL, "messages": QUESTION, "guided_regex": "a+", "guided_choice": ["a"]})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "guided_choice"
+    none_of = httpx.post(f"{stack.base_url}/v1/completions", timeout=10, json={
+        "model": MODEL, "prompt": "x", "structured_outputs": {}})
+    assert none_of.status_code == 400 and none_of.json()["error"]["param"] == "structured_outputs"
+    not_json = httpx.post(f"{stack.base_url}/v1/completions", timeout=10, json={
+        "model": MODEL, "prompt": "x", "guided_json": "{nope"})
+    assert not_json.status_code == 400 and not_json.json()["error"]["param"] == "guided_json"

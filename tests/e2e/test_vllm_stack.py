@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -98,6 +99,36 @@ def test_logprobs_are_vllms(client: openai.OpenAI) -> None:
     chunks = list(client.chat.completions.create(**ask, stream=True))
     streamed = [t.token for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert streamed == [t.token for t in content]
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+          "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0,
+                                                                            "maximum": 120},
+                         "city": {"type": "string", "enum": ["Paris", "London", "Rome"]}}}
+
+
+def test_structured_outputs_parse_and_validate(client: openai.OpenAI) -> None:
+    """vLLM's structured-output backend on this CPU: a strict JSON schema, JSON, a choice and a regex."""
+    import jsonschema
+
+    ask = [{"role": "user", "content": "Describe a person who lives in a capital city, as JSON."}]
+    r = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=80, temperature=0,
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "person", "schema": PERSON, "strict": True}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=ask, max_tokens=80, temperature=0, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}) if c.choices)
+    jsonschema.validate(json.loads(streamed), PERSON)
+    obj = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=60, temperature=0,
+                                         response_format={"type": "json_object"})
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
+    choice = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=10, temperature=0,
+                                            extra_body={"guided_choice": ["Paris", "Lyon", "Nice"]})
+    assert choice.choices[0].message.content in ("Paris", "Lyon", "Nice")
+    digits = client.completions.create(model=MODEL, prompt="The year is", max_tokens=6, temperature=0,
+                                       extra_body={"structured_outputs": {"regex": " [0-9]{4}"}})
+    assert re.fullmatch(r" [0-9]{4}", digits.choices[0].text), digits.choices[0].text
 
 
 def test_streaming_gives_the_same_answer(client: openai.OpenAI) -> None:

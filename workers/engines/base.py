@@ -84,6 +84,9 @@ class EngineInfo:
     max_num_seqs: int
     context_length: int
     vocab_size: int
+    #: What the engine can do beyond plain generation (core.messages.Feature); the frontend refuses, with
+    #: a 400 naming the engine, a request that needs what the model's workers lack.
+    features: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

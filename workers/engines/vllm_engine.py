@@ -63,12 +63,12 @@ from vllm.config import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import tokens_input
 from vllm.platforms import current_platform
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
-from core.messages import FinishReason, SamplingParams, TokenLogprob, Usage
+from core.messages import STRUCTURED_OUTPUTS, FinishReason, SamplingParams, StructuredOutput, TokenLogprob, Usage
 from core.settings import VllmSettings
 from router.registry import WorkerLoad
 from workers.engines.base import (
@@ -133,10 +133,21 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
         repetition_penalty=params.repetition_penalty,
         logit_bias=dict(params.logit_bias) or None,
         logprobs=params.logprobs,
+        structured_outputs=structured_outputs(params.structured),
         output_kind=RequestOutputKind.DELTA,
         detokenize=False,
         skip_special_tokens=False,
     )
+
+
+def structured_outputs(constraint: StructuredOutput | None) -> StructuredOutputsParams | None:
+    """Sluice's constraint as vLLM's structured-output parameters (its backend: xgrammar, or
+    guidance where xgrammar cannot)."""
+    if constraint is None:
+        return None
+    return StructuredOutputsParams(json=constraint.json, json_object=constraint.json_object or None,
+                                   regex=constraint.regex, grammar=constraint.grammar,
+                                   choice=list(constraint.choice) if constraint.choice else None)
 
 
 def token_logprobs(tokens: list[int], sample_logprobs: Any, top: int | None) -> list[TokenLogprob] | None:
@@ -270,6 +281,7 @@ class VllmEngine(Engine):
             max_num_seqs=config.scheduler_config.max_num_seqs,
             context_length=config.model_config.max_model_len,
             vocab_size=config.model_config.get_vocab_size(),
+            features=frozenset({STRUCTURED_OUTPUTS}),
         )
         self._translator = KvEventTranslator(self.model, self.info.block_size)
         loop = asyncio.get_running_loop()
@@ -333,6 +345,12 @@ class VllmEngine(Engine):
         except EngineDeadError as exc:
             self._report_dead("vLLM's engine core process died")
             raise UpstreamError("the vLLM engine died while serving this request") from exc
+        except ValueError as exc:
+            if request.sampling.structured is None:
+                raise
+            # vLLM checks the constraint (xgrammar compiles it) when the request is added.
+            raise InvalidRequest(f"vLLM cannot use this structured output constraint: {exc}",
+                                 param="response_format", code="invalid_structured_output") from exc
         finally:
             if not finished and self._llm is llm and not llm.errored:
                 # Closed early (aclose, cancellation): leaving ``aclosing`` had vLLM abort the
