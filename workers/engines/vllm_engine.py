@@ -140,6 +140,15 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
     )
 
 
+def _warm_structured_outputs() -> None:
+    try:
+        import xgrammar
+
+        xgrammar.Grammar.from_json_schema('{"type": "object", "properties": {"a": {"type": "string"}}}')
+    except Exception as exc:  # noqa: BLE001 - a constraint then fails on its own request, with its reason
+        log.warning("structured outputs could not be prepared: %s", exc)
+
+
 def structured_outputs(constraint: StructuredOutput | None) -> StructuredOutputsParams | None:
     """Sluice's constraint as vLLM's structured-output parameters (its backend: xgrammar, or
     guidance where xgrammar cannot)."""
@@ -284,6 +293,9 @@ class VllmEngine(Engine):
             features=frozenset({STRUCTURED_OUTPUTS}),
         )
         self._translator = KvEventTranslator(self.model, self.info.block_size)
+        # vLLM checks a request's output constraint in this process, compiling it with xgrammar: the
+        # first one loads xgrammar, seconds that would otherwise stall the worker's loop mid-serving.
+        await asyncio.to_thread(_warm_structured_outputs)
         loop = asyncio.get_running_loop()
         self._kv_task = loop.create_task(self._pump_kv_events(), name="vllm-kv-events")
         self._watchdog = loop.create_task(self._watch_engine(), name="vllm-watchdog")
