@@ -117,8 +117,8 @@ class InflightStore:
         numbering; ``prompt_blocks`` the prompt's length in blocks of each) against the index, pick on the
         current sums (router.scoring's costs and pick_index with ``u``, or ``pinned``), record the
         prediction and, given a ``task``, push it onto the chosen worker's queue (its list under the
-        namespace's broker prefix, core.keys): one atomic call, one
-        round trip. ``settle``: operations as :meth:`settle` takes them, applied first in the same call.
+        namespace's broker prefix, core.keys): one atomic call, one round trip. ``settle``: operations
+        as :meth:`settle` takes them, applied first in the same call.
         A prediction with the same request id replaces the earlier one."""
         per_chain = [x for chain, blocks in zip(chains, prompt_blocks, strict=True)
                      for x in (blocks, hex_digits(chain))]

@@ -5,8 +5,7 @@ A worker is gone when its lease ended (it expired: the worker died or hangs; or 
 at least :data:`REAP_GRACE_S` ago and it has not registered again. For each gone worker the reaper
 deletes, in atomic steps (router/lua/reap.lua), its prefix-index entries, then its own Celery queue
 with the messages still in it (every priority's list, and its binding: kombu's layout under the
-namespace's broker prefix, core.keys),
-its queue record, its registry slot and its registry entry. Deleting the queue matters: the requests in it already failed at their
+namespace's broker prefix, core.keys), its queue record, its registry slot and its registry entry. Deleting the queue matters: the requests in it already failed at their
 frontends (their worker's lease ended), and a worker restarted under the same name must not serve them.
 
 Candidates come from three places, so none is missed whoever reaped part of it before: the registry's

@@ -26,7 +26,7 @@ class DeltaPublisher:
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self._client = client
         self._keys = keys
-        self._pending: list[tuple[bool, str, bytes]] = []  # (is a push, channel or queue, data)
+        self._pending: list[tuple[bool, str, bytes]] = []  # (is a push, channel or list key, data)
         # A batch being sent when the publisher closes is let finish: cutting it could lose the last
         # deltas of a request, or send them twice after close() sends what is left.
         self._flusher = BackgroundLoop("delta-publisher", self._flush, backoff=Backoff(first_s=RETRY_DELAY_S),

@@ -3,8 +3,9 @@
 :meth:`UsageShipper.add` only appends to an in-memory buffer. A background task wakes every
 ``interval_s`` (or as soon as a full batch is waiting) and pushes each batch of up to ``batch_max``
 records as ONE Celery task message (``RECORD_USAGE_TASK``) onto the namespace's bookkeeping queue
-(its list under the broker prefix, core.keys) with one ``LPUSH``; the bookkeeper (workers.bookkeeping) writes the rows. The database is never touched here,
-so a database outage does not slow or lose anything on this side. After a failed push the task
+(its list under the broker prefix, core.keys) with one ``LPUSH``; the bookkeeper (workers.bookkeeping)
+writes the rows. The database is never touched here, so a database outage does not slow or lose
+anything on this side. After a failed push the task
 waits ``interval_s``, then longer while Redis stays away, before it tries again.
 
 Invariants: records leave in the order they were added; a batch whose push fails goes back to the
