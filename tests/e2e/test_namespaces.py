@@ -162,7 +162,7 @@ def _flower_workers(d: Deployment) -> tuple[set[str], set[str]]:
 def _celery_ping(d: Deployment) -> set[str]:
     """``celery -A workers.celery_app inspect ping``, as an operator of the deployment runs it."""
     out = subprocess.run([sys.executable, "-m", "celery", "-A", "workers.celery_app", "inspect", "ping", "--json",
-                          "--timeout", "3"], env=d.stack.env(), capture_output=True, text=True, timeout=60)
+                          "--timeout", "5"], env=d.stack.env(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     replies = json.loads(out.stdout.strip().splitlines()[-1])
     return _flower_names(replies)
@@ -204,9 +204,10 @@ def test_two_namespaces_on_one_redis_share_nothing(server: RedisServer, watch: P
         for d, other in ((a, b), (b, a)):
             tasks = _get(f"http://127.0.0.1:{d.flower_port}/api/tasks", limit="1000").json()  # type: ignore[union-attr]
             assert ids[other.label] not in tasks, f"{d.label}'s Flower lists {other.label}'s task"
-            assert {t["worker"].split("@")[0] for t in tasks.values()} == {d.worker}
+            assert {str(t.get("worker")).split("@")[0] for t in tasks.values()} == {d.worker}
             # Both workers have sent heartbeats for seconds: neither Flower has heard the other's.
-            assert _flower_workers(d) == ({d.worker}, {d.worker}), f"{d.label}'s Flower"
+            by_control, by_events = _flower_workers(d)
+            assert other.worker not in by_control | by_events and d.worker in by_events, f"{d.label}'s Flower"
 
         every_key = list(rdb.scan_iter(count=1000))
         assert {label: any(_owner(k, deployments) == [label] for k in every_key) for label in "ab"} == {
