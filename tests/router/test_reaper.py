@@ -179,12 +179,14 @@ async def test_reapers_racing_each_other(redis_server: RedisServer, registry: Re
     takes several steps to purge, next to a live worker: the dead one is forgotten whole, exactly once
     per registry entry, and the live one keeps everything."""
     blocks = 2 * PURGE_CHUNK_BLOCKS + 123
-    dead = await _register_with_queue(registry, "dead", ttl_s=0.3)
-    await index.resync("dead", dead.slot, "m", list(range(1, blocks + 1)), 0)
-    _fill_queue(redis_client, keys, dead, messages=11)
+    # The live worker first: registered after the dead one's lease ended (its index takes a while to
+    # write on a busy machine), it would take the dead one's slot, and purge its blocks itself.
     live = await _register_with_queue(registry, "live", ttl_s=60)
     await index.resync("live", live.slot, "m", CHAIN, 0)
     _fill_queue(redis_client, keys, live, messages=4)
+    dead = await _register_with_queue(registry, "dead", ttl_s=0.3)
+    await index.resync("dead", dead.slot, "m", list(range(1, blocks + 1)), 0)
+    _fill_queue(redis_client, keys, dead, messages=11)
     await wait_for(lambda: registry.expired_workers())
 
     clients = [aioredis.from_url(redis_server.url) for _ in range(4)]
