@@ -1,6 +1,7 @@
 """Enqueueing task messages: every LPUSH issued during one event-loop turn goes to Redis in ONE
 pipelined round trip. Each caller still awaits its own push, so a failed enqueue is that
-request's error (a 503), never a silent loss."""
+request's error (a 503), never a silent loss. A queue's messages live in its Redis list under the
+namespace's broker prefix (core.keys), where the namespace's Celery workers look for them."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import asyncio
 import redis.asyncio as aioredis
 
 from core.errors import NoWorkerAvailable
+from core.keys import Keys
 
 
 class Enqueuer:
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self._client = client
+        self._keys = keys
         self._pending: list[tuple[str, bytes, asyncio.Future[None]]] = []
         self._scheduled = False
 
@@ -36,7 +39,7 @@ class Enqueuer:
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 for queue, message, _ in batch:
-                    pipe.lpush(queue, message)
+                    pipe.lpush(self._keys.broker_queue_list(queue), message)
                 await pipe.execute()
         except Exception as exc:  # noqa: BLE001 - every waiting request gets the error
             error = NoWorkerAvailable(f"could not enqueue the request: {exc}")

@@ -47,7 +47,7 @@ class FrontendRuntime:
         s = self.settings
         self.keys = Keys(s.redis.namespace)
         self.redis = frontend_client(s.redis.url, max_connections=64)
-        self.enqueuer = Enqueuer(self.redis)
+        self.enqueuer = Enqueuer(self.redis, self.keys)
         self.admission = Admission(s.frontend.max_waiting_per_worker, s.frontend.overload_retry_after_s)
         self.registry = Registry(self.redis, self.keys)
         self.hub = StreamHub(self.redis, self.keys.token_channel(self.frontend_id))

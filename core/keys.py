@@ -1,8 +1,14 @@
 """Every Redis key pattern, channel name, Celery queue name and TTL that Sluice uses.
 
-Everything lives under ``sluice:{namespace}:`` so several deployments can share one Redis server.
-Celery queue names use dots (``sluice.{ns}.{model}.{pool}``) because they are also routing keys.
-The broker's own keys for a queue (kombu's Redis transport) are named here too, for the reaper.
+Everything lives under ``sluice:{namespace}:`` so several deployments can share one Redis server and
+see nothing of each other: Sluice's own keys and channels directly, and the Celery broker's (kombu's
+Redis transport: queues, bindings, the ``unacked`` hashes, the reply queues of remote control, and the
+pub/sub channels of task events and broadcast commands) under :attr:`Keys.broker_prefix`, which
+workers/celery_app.py gives kombu as its ``global_keyprefix``. A namespace has no ``:`` (core.settings),
+so no namespace's prefix starts another's. Celery queue names use dots (``sluice.{ns}.{model}.{pool}``)
+because they are also routing keys; the Redis list holding a queue is the broker prefix + its name.
+The broker's own keys for a queue are named here too, for whatever pushes onto a queue or deletes one
+without kombu (the frontend's enqueue, the routing script, the reaper).
 """
 
 from __future__ import annotations
@@ -18,25 +24,15 @@ RATE_WINDOW_S = 60
 #: How long a window's counters outlive the window's start (tokens may still be charged late).
 RATE_WINDOW_TTL_S = 2 * RATE_WINDOW_S
 
-# kombu's Redis transport (the Celery broker), as configured by default; tests/third_party/test_kombu.py
-# checks these against kombu's own Channel.
+# kombu's Redis transport (the Celery broker), as configured in workers/celery_app.py;
+# tests/third_party/test_kombu_redis.py checks these against kombu's own Channel.
 #: What kombu puts between a queue's name and its priority, and between the parts of a binding.
 KOMBU_SEP = "\x06\x16"
 #: The priorities kombu keeps a list for: priority 0 is the list named after the queue, the others
-#: the queue's name followed by ``KOMBU_SEP`` and the priority.
+#: the queue's name followed by ``KOMBU_SEP`` and the priority (each behind ``Keys.broker_prefix``).
 KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 #: The sets of an exchange's bindings (``%s``: the exchange), each member ``routing key, pattern, queue``.
 KOMBU_BINDING_SETS = ("_kombu.binding.%s", "_kombu.binding_permanent.%s")
-
-
-def broker_queue_lists(queue: str) -> list[str]:
-    """The Redis lists holding the messages of Celery queue ``queue``, one per priority."""
-    return [queue if pri == 0 else f"{queue}{KOMBU_SEP}{pri}" for pri in KOMBU_PRIORITY_STEPS]
-
-
-def broker_binding_sets(exchange: str) -> list[str]:
-    """The Redis sets listing the queues bound to ``exchange``."""
-    return [pattern % exchange for pattern in KOMBU_BINDING_SETS]
 
 
 def broker_binding_member(queue: str) -> str:
@@ -150,7 +146,27 @@ class Keys:
         """Pub/sub channel every worker listens to (cancels for requests whose worker is unknown)."""
         return f"{self.prefix}:ctl:*all*"
 
-    # --- Celery queues -----------------------------------------------------------------------
+    # --- Celery queues and the broker's keys ------------------------------------------------------
+    @property
+    def broker_prefix(self) -> str:
+        """kombu's ``global_keyprefix``: what every key and pub/sub channel of this namespace's Celery broker
+        starts with (queue lists, binding sets, ``unacked*``, reply queues, the event and broadcast
+        channels), so that workers, Flower and ``celery inspect`` of two namespaces never meet."""
+        return f"{self.prefix}:celery:"
+
+    def broker_queue_list(self, queue: str) -> str:
+        """The Redis list of Celery queue ``queue`` at priority 0: where a task message is ``LPUSH``ed."""
+        return f"{self.broker_prefix}{queue}"
+
+    def broker_queue_lists(self, queue: str) -> list[str]:
+        """The Redis lists holding the messages of Celery queue ``queue``, one per priority."""
+        return [self.broker_queue_list(queue if pri == 0 else f"{queue}{KOMBU_SEP}{pri}")
+                for pri in KOMBU_PRIORITY_STEPS]
+
+    def broker_binding_sets(self, exchange: str) -> list[str]:
+        """The Redis sets listing the queues bound to ``exchange`` (members: :func:`broker_binding_member`)."""
+        return [self.broker_prefix + pattern % exchange for pattern in KOMBU_BINDING_SETS]
+
     def pool_queue(self, model: str, pool: str) -> str:
         return f"sluice.{self.namespace}.{model}.{pool}"
 

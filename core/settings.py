@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 EngineKind = Literal["mocker", "vllm"]
 RouterMode = Literal["kv", "round_robin", "random", "least_loaded", "pool"]
 PoolKind = Literal["agg", "prefill", "decode"]
+#: A Redis namespace: no ``:``, so that no namespace's key prefix (``sluice:{ns}:``, core.keys) starts another's.
+NAMESPACE_PATTERN = r"^[A-Za-z0-9_-]+$"
 
 
 def _default_cache_dir() -> Path:
@@ -28,7 +30,7 @@ def _default_cache_dir() -> Path:
 
 class RedisSettings(BaseModel):
     url: str = "redis://127.0.0.1:6379/0"
-    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_-]+$")
+    namespace: str = Field("default", pattern=NAMESPACE_PATTERN)
 
 
 class MockerSettings(BaseModel):
@@ -201,9 +203,10 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     accounts: AccountsSettings = AccountsSettings()
 
-    # Flat aliases for the options people set most; they override the nested form.
+    # Flat aliases for the options people set most; they override the nested form, and are validated
+    # as it is (``model_post_init`` copies them without validation).
     redis_url: str | None = Field(None, validation_alias=AliasChoices("SLUICE_REDIS_URL"))
-    namespace: str | None = Field(None, validation_alias=AliasChoices("SLUICE_NAMESPACE"))
+    namespace: str | None = Field(None, pattern=NAMESPACE_PATTERN, validation_alias=AliasChoices("SLUICE_NAMESPACE"))
     engine: EngineKind | None = Field(None, validation_alias=AliasChoices("SLUICE_ENGINE"))
     pool: PoolKind | None = Field(None, validation_alias=AliasChoices("SLUICE_POOL"))
     router_mode: RouterMode | None = Field(None, validation_alias=AliasChoices("SLUICE_ROUTER_MODE"))

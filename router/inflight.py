@@ -116,8 +116,9 @@ class InflightStore:
         """Score the prompt's ``chains`` (one per distinct block size, in the candidates' chain
         numbering; ``prompt_blocks`` the prompt's length in blocks of each) against the index, pick on the
         current sums (router.scoring's costs and pick_index with ``u``, or ``pinned``), record the
-        prediction and, given a ``task``, push it onto the chosen worker's queue: one atomic call, one
-        round trip. ``settle``: operations as :meth:`settle` takes them, applied first in the same call.
+        prediction and, given a ``task``, push it onto the chosen worker's queue (its list under the
+        namespace's broker prefix, core.keys): one atomic call, one round trip. ``settle``: operations
+        as :meth:`settle` takes them, applied first in the same call.
         A prediction with the same request id replaces the earlier one."""
         per_chain = [x for chain, blocks in zip(chains, prompt_blocks, strict=True)
                      for x in (blocks, hex_digits(chain))]
@@ -126,11 +127,12 @@ class InflightStore:
                       0 if pinned is None else pinned + 1, repr(float(weight))),
             candidates.packed_args,
             pack_args(model, self.keys.kv_block_prefix(model), int(approx_ttl_s * 1000),
-                      *((task.head, task.tail) if task is not None else (b"", b"")), len(chains), *per_chain),
+                      *((task.head, task.tail) if task is not None else (b"", b"")), self.keys.broker_prefix,
+                      len(chains), *per_chain),
             pack_args(*(x.encode() for op in settle for x in op)),
         ))
         chosen, cost, overlap, approx = await self._decide.call_packed(
-            candidates.n_keys, candidates.packed_keys, 16 + len(per_chain) + 2 * len(settle), args)
+            candidates.n_keys, candidates.packed_keys, 17 + len(per_chain) + 2 * len(settle), args)
         return Decision(int(chosen) - 1, float(cost), int(overlap), approx.decode())
 
     async def settle(self, model: str, ops: Sequence[tuple[str, str]]) -> int:

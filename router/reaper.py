@@ -4,8 +4,8 @@ once: the standalone router service and every frontend run :func:`run_reaper` in
 A worker is gone when its lease ended (it expired: the worker died or hangs; or the worker deregistered)
 at least :data:`REAP_GRACE_S` ago and it has not registered again. For each gone worker the reaper
 deletes, in atomic steps (router/lua/reap.lua), its prefix-index entries, then its own Celery queue
-with the messages still in it (every priority's list, and its binding: kombu's layout, core.keys),
-its queue record, its registry slot and its registry entry. Deleting the queue matters: the requests in it already failed at their
+with the messages still in it (every priority's list, and its binding: kombu's layout under the
+namespace's broker prefix, core.keys), its queue record, its registry slot and its registry entry. Deleting the queue matters: the requests in it already failed at their
 frontends (their worker's lease ended), and a worker restarted under the same name must not serve them.
 
 Candidates come from three places, so none is missed whoever reaped part of it before: the registry's
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from core.keys import broker_binding_member, broker_binding_sets, broker_queue_lists
+from core.keys import broker_binding_member
 from core.lua import lua_script
 from router.prefix_index import PURGE_CHUNK_BLOCKS, PrefixIndex
 from router.registry import Registry, WorkerQueue
@@ -67,8 +67,8 @@ class Reaper:
         """Forget one worker, unless it is live or its lease ended less than the grace ago; idempotent."""
         k = self.registry.keys
         queue = await self.registry.worker_queue(worker_id) or WorkerQueue(k.worker_queue(worker_id), "")
-        lists = broker_queue_lists(queue.queue)
-        bindings = broker_binding_sets(queue.exchange) if queue.exchange else []
+        lists = k.broker_queue_lists(queue.queue)
+        bindings = k.broker_binding_sets(queue.exchange) if queue.exchange else []
         keys = [k.workers, k.worker(worker_id), k.load(worker_id), k.slots, k.worker_queues,
                 k.kv_worker_meta(worker_id), k.kv_worker(worker_id), k.kv_worker_approx(worker_id),
                 k.kv_slot_owners, k.kv_slot_tags, *lists, *bindings]

@@ -215,8 +215,9 @@ def _add_bookkeeper(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _add_flower(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("flower", help="run Flower, Celery's dashboard",
-                       description="Run Flower on the stack's broker (SLUICE_REDIS_URL). Its HTTP API is open "
-                                   "(FLOWER_UNAUTHENTICATED_API=true) unless that variable is already set.")
+                       description="Run Flower on the stack's broker (SLUICE_REDIS_URL) and namespace "
+                                   "(SLUICE_NAMESPACE): it sees that namespace's workers and tasks only. Its HTTP "
+                                   "API is open (FLOWER_UNAUTHENTICATED_API=true) unless that variable is already set.")
     p.add_argument("--port", type=int, default=5555, help="port")
     p.add_argument("--address", default="127.0.0.1", help="bind address; 0.0.0.0 in containers")
     p.set_defaults(func=_flower)

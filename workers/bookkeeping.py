@@ -13,10 +13,11 @@ A batch is never lost to a database outage:
   ``accounts.usage_retry_backoff_max_s``. A retry publishes a copy of the message (same queue,
   counting down) BEFORE the original is acknowledged.
 * ``acks_late``: a message is acknowledged only after its rows are committed (or its retry copy is
-  published). Until then kombu's Redis transport keeps it in the ``unacked`` hash: a worker that
-  shuts down (SIGTERM, warm shutdown) puts it back on the queue at once, retry copies waiting for
-  their countdown included; one that dies (SIGKILL, OOM, host lost) has it put back by any other
-  worker once the broker's ``visibility_timeout`` (workers/celery_app.py) has passed.
+  published). Until then kombu's Redis transport keeps it in the namespace's ``unacked`` hash (under
+  its broker prefix, core.keys): a worker that shuts down (SIGTERM, warm shutdown) puts it back on the
+  queue at once, retry copies waiting for their countdown included; one that dies (SIGKILL, OOM, host
+  lost) has it put back by any other bookkeeper of the namespace once the broker's
+  ``visibility_timeout`` (workers/celery_app.py) has passed.
   ``reject_on_worker_lost`` requeues, rather than acknowledges, a task whose pool child died (it
   matters if this task ever runs in a prefork pool; in the threads pool the process is the worker).
 * Writes are idempotent (``request_id`` is unique), so a batch delivered twice counts once.

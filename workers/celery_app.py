@@ -7,6 +7,12 @@ in a prefork child (those are daemonic and may not have children).
 
 Start a worker with ``sluice worker`` (or ``celery -A workers.celery_app worker --pool threads``);
 it consumes its pool's shared queue and its own queue (added at start-up, see workers.signals).
+
+Namespaces: every key and pub/sub channel of the broker lives under the namespace's
+``Keys.broker_prefix`` (kombu's ``global_keyprefix``, which kombu applies to the fanout channels of task
+events and broadcast commands too), so the workers, Flower and ``celery inspect`` of one namespace
+never see another's. Everything started from this app (``sluice worker``, ``sluice bookkeeper``,
+``sluice flower``) gets it; a bare ``celery`` command must be given ``-A workers.celery_app`` too.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ def create_celery_app() -> Celery:
         worker_hijack_root_logger=False,
         worker_send_task_events=settings.worker.task_events,
         task_send_sent_event=False,
-        broker_transport_options={"visibility_timeout": 3600},
+        broker_transport_options={"visibility_timeout": 3600, "global_keyprefix": keys.broker_prefix},
         worker_disable_rate_limits=True,
         # Task events flushed in batches (every few ms) instead of after every consumer loop turn.
         worker_consumer="workers.consumer:Consumer",

@@ -130,7 +130,7 @@ class EngineHost:
     # ---- on the loop ------------------------------------------------------------------------
     async def _start(self) -> None:
         self.redis = background_client(self.settings.redis.url)
-        self.publisher = DeltaPublisher(self.redis)
+        self.publisher = DeltaPublisher(self.redis, self.keys)
         self.publisher.start()
         self.registry = Registry(self.redis, self.keys)
         self.kv = KvRelay(self.redis, self.keys, self.identity.worker_id, self.identity.model, self.metrics)

@@ -13,6 +13,7 @@ import logging
 
 import redis.asyncio as aioredis
 
+from core.keys import Keys
 from core.loops import BackgroundLoop, Backoff
 
 log = logging.getLogger(__name__)
@@ -22,9 +23,10 @@ RETRY_DELAY_S = 0.1
 
 
 class DeltaPublisher:
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self._client = client
-        self._pending: list[tuple[bool, str, bytes]] = []  # (is a push, channel or queue, data)
+        self._keys = keys
+        self._pending: list[tuple[bool, str, bytes]] = []  # (is a push, channel or list key, data)
         # A batch being sent when the publisher closes is let finish: cutting it could lose the last
         # deltas of a request, or send them twice after close() sends what is left.
         self._flusher = BackgroundLoop("delta-publisher", self._flush, backoff=Backoff(first_s=RETRY_DELAY_S),
@@ -38,8 +40,9 @@ class DeltaPublisher:
         self._flusher.wake()
 
     def push(self, queue: str, message: bytes) -> None:
-        """``LPUSH`` a task message onto ``queue`` (core.wire), in order with the deltas."""
-        self._pending.append((True, queue, message))
+        """``LPUSH`` a task message onto ``queue`` (core.wire; its list under the namespace's broker
+        prefix, core.keys), in order with the deltas."""
+        self._pending.append((True, self._keys.broker_queue_list(queue), message))
         self._flusher.wake()
 
     async def _flush(self) -> None:

@@ -56,7 +56,7 @@ class Accounts:
             self._load_key, ttl_s=cfg.key_cache_ttl_s, max_entries=cfg.key_cache_max_entries,
             unavailable=DB_UNAVAILABLE)
         self.limiter = RateLimiter(client, keys)
-        self.usage = UsageShipper(client, keys.bookkeeping_queue, batch_max=cfg.usage_batch_max,
+        self.usage = UsageShipper(client, keys, batch_max=cfg.usage_batch_max,
                                   interval_s=cfg.usage_flush_interval_s, buffer_max=cfg.usage_buffer_max)
 
     async def start(self) -> None:

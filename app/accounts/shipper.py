@@ -2,9 +2,10 @@
 
 :meth:`UsageShipper.add` only appends to an in-memory buffer. A background task wakes every
 ``interval_s`` (or as soon as a full batch is waiting) and pushes each batch of up to ``batch_max``
-records as ONE Celery task message (``RECORD_USAGE_TASK``) onto the bookkeeping queue with one
-``LPUSH``; the bookkeeper (workers.bookkeeping) writes the rows. The database is never touched here,
-so a database outage does not slow or lose anything on this side. After a failed push the task
+records as ONE Celery task message (``RECORD_USAGE_TASK``) onto the namespace's bookkeeping queue
+(its list under the broker prefix, core.keys) with one ``LPUSH``; the bookkeeper (workers.bookkeeping)
+writes the rows. The database is never touched here, so a database outage does not slow or lose
+anything on this side. After a failed push the task
 waits ``interval_s``, then longer while Redis stays away, before it tries again.
 
 Invariants: records leave in the order they were added; a batch whose push fails goes back to the
@@ -23,16 +24,18 @@ from redis.exceptions import RedisError
 
 from core import loops
 from core.accounting import UsageRecord, usage_batch_to_builtins
+from core.keys import Keys
 from core.wire import RECORD_USAGE_TASK, task_message
 
 log = logging.getLogger(__name__)
 
 
 class UsageShipper:
-    def __init__(self, client: aioredis.Redis, queue: str, *, batch_max: int, interval_s: float,
+    def __init__(self, client: aioredis.Redis, keys: Keys, *, batch_max: int, interval_s: float,
                  buffer_max: int) -> None:
         self.client = client
-        self.queue = queue
+        self.queue = keys.bookkeeping_queue
+        self._list = keys.broker_queue_list(self.queue)
         self.batch_max = batch_max
         self.interval_s = interval_s
         self.buffer_max = buffer_max
@@ -65,7 +68,7 @@ class UsageShipper:
             message = task_message(RECORD_USAGE_TASK, [usage_batch_to_builtins(batch)], self.queue,
                                    argsrepr=f"[<{len(batch)} usage records>]")
             try:
-                await self.client.lpush(self.queue, message)
+                await self.client.lpush(self._list, message)
             except BaseException:
                 self._buffer.extendleft(reversed(batch))
                 raise

@@ -26,12 +26,13 @@ local model = ARGV[11]
 local prefix = ARGV[12]  -- the model's block key prefix
 local approx_ttl_ms = tonumber(ARGV[13])
 local task_head, task_tail = ARGV[14], ARGV[15]  -- '' and '': enqueue nothing
-local nchains = tonumber(ARGV[16])
--- ARGV[15 + 2c], ARGV[16 + 2c] for chain c = 1..nchains: the prompt's length in blocks and its hex
+local broker_prefix = ARGV[16]  -- what a queue's Redis list is named with before the queue (core.keys)
+local nchains = tonumber(ARGV[17])
+-- ARGV[16 + 2c], ARGV[17 + 2c] for chain c = 1..nchains: the prompt's length in blocks and its hex
 -- chain; then pending in-flight operations (pairs, as RELEASE takes them).
-local function chain_blocks(c) return tonumber(ARGV[15 + 2 * c]) end
-local function chain_hex(c) return ARGV[16 + 2 * c] end
-local FIRST_PENDING = 17 + 2 * nchains
+local function chain_blocks(c) return tonumber(ARGV[16 + 2 * c]) end
+local function chain_hex(c) return ARGV[17 + 2 * c] end
+local FIRST_PENDING = 18 + 2 * nchains
 
 local function undo(id)
   local rec = redis.call('HGET', requests_key, id)
@@ -203,7 +204,7 @@ redis.call('ZADD', expiry_key, now + prediction_ttl_ms, rid)
 if task_head ~= '' and not again then
   -- The task message for the chosen worker's queue: enqueued in the same step as the prediction.
   local queue = string.sub(names, qoff + 1, qoff + qlen)
-  redis.call('LPUSH', queue, task_head .. queue .. task_tail)
+  redis.call('LPUSH', broker_prefix .. queue, task_head .. queue .. task_tail)
 end
 local cost = string.format('%.17g', costs[chosen])
 

@@ -65,10 +65,9 @@ async def aredis(redis_server) -> AsyncIterator[aioredis.Redis]:  # noqa: ANN001
 
 @pytest.fixture
 def clean_queue(redis_client: redis.Redis, namespace: str) -> Iterator[str]:
-    """The namespace's bookkeeping queue, emptied after the test (the Redis fixture cleans ``sluice:{ns}:*``)."""
-    queue = Keys(namespace).bookkeeping_queue
-    yield queue
-    redis_client.delete(queue)
+    """The namespace's bookkeeping queue (its Redis list: ``Keys.broker_queue_list``), emptied after the test
+    with the rest of the namespace (the Redis fixture cleans ``sluice:{ns}:*``)."""
+    yield Keys(namespace).bookkeeping_queue
 
 
 @pytest.fixture

@@ -33,18 +33,24 @@ def bookkeeper(tmp_path: Path, redis_server, namespace: str, url: str, tokenizer
     return BookkeeperProcess(env=env, queue=Keys(namespace).bookkeeping_queue, log_path=tmp_path / f"bookkeeper-{uuid.uuid4().hex[:6]}.log")
 
 
-def held_by_bookkeepers(client: redis.Redis, queue: str) -> int:
-    """Messages taken from ``queue`` and not acknowledged yet. The bookkeeper keeps kombu's ack
-    emulation: each delivered message waits in the ``unacked`` hash (``[message, exchange,
-    routing key]``) until the row insert has committed and the task acks it."""
-    return sum(1 for raw in client.hvals(Channel.unacked_key) if json.loads(raw)[2] == queue)
+def held_by_bookkeepers(client: redis.Redis, keys: Keys) -> int:
+    """Messages taken from the bookkeeping queue and not acknowledged yet. The bookkeeper keeps kombu's
+    ack emulation: each delivered message waits in the ``unacked`` hash (``[message, exchange, routing
+    key]``; under the namespace's broker prefix) until the row insert has committed and the task acks it."""
+    unacked = keys.broker_prefix + Channel.unacked_key
+    return sum(1 for raw in client.hvals(unacked) if json.loads(raw)[2] == keys.bookkeeping_queue)
 
 
-async def settled(client: redis.Redis, queue: str, timeout_s: float = 30) -> None:
-    """Wait (without blocking the event loop) until every message of ``queue`` was taken and
+def queued(client: redis.Redis, keys: Keys) -> int:
+    """Messages waiting in the bookkeeping queue."""
+    return client.llen(keys.broker_queue_list(keys.bookkeeping_queue))
+
+
+async def settled(client: redis.Redis, keys: Keys, timeout_s: float = 30) -> None:
+    """Wait (without blocking the event loop) until every message of the bookkeeping queue was taken and
     acknowledged: from then on no row can land, so counts are final."""
     await asyncio.to_thread(
-        wait_until, lambda: client.llen(queue) == 0 and held_by_bookkeepers(client, queue) == 0, timeout_s,
+        wait_until, lambda: queued(client, keys) == 0 and held_by_bookkeepers(client, keys) == 0, timeout_s,
         "the bookkeepers to take and acknowledge every message")
 
 
@@ -75,7 +81,7 @@ async def test_the_bookkeeper_writes_every_row(tmp_path: Path, redis_server, nam
     await ship(accounts, records)
     await asyncio.to_thread(wait_until, lambda: count_rows(db_url) == 120, 60, "120 usage rows")
     await ship(accounts, records[:50])  # delivered again: counted once
-    await settled(redis_client, clean_queue)
+    await settled(redis_client, Keys(namespace))
     assert count_rows(db_url) == 120
     engine = sa.create_engine(db_url)
     with engine.connect() as connection:
@@ -125,17 +131,17 @@ async def test_a_database_outage_during_traffic_loses_no_usage_row(
         await asyncio.to_thread(wait_until, lambda: first.log().count("Retry in") >= 10, 60,
                                 "the bookkeeper to hit the outage and retry")
         first.stop()  # a restart (deploy, crash-loop) in the middle of the outage
-        held = redis_client.llen(clean_queue)
+        held = queued(redis_client, Keys(namespace))
         assert held > 0, "the stopped bookkeeper's messages must be back on the queue"
         second = bookkeeper(tmp_path, redis_server, namespace, pg_db.url, tokenizer_dir).start()
         stop_later.append(second)
         await asyncio.to_thread(wait_until, lambda: "Retry in" in second.log(), 60, "the new bookkeeper to retry too")
-        assert held_by_bookkeepers(redis_client, clean_queue) > 0, "a retrying bookkeeper holds its messages unacked"
+        assert held_by_bookkeepers(redis_client, Keys(namespace)) > 0, "a retrying bookkeeper holds its messages unacked"
         assert count_rows_or_none(pg_db.url) is None
     finally:
         pg_db.accept_connections()
 
     await asyncio.to_thread(wait_until, lambda: count_rows(pg_db.url) == 201, 90, "all 201 rows after the outage")
-    await settled(redis_client, clean_queue)  # a duplicate still in flight would land before this returns
+    await settled(redis_client, Keys(namespace))  # a duplicate still in flight would land before this returns
     ids = request_ids(pg_db.url)
     assert len(ids) == 201 and set(ids) == {r.request_id for r in records}

@@ -207,17 +207,18 @@ async def test_finish_ships_usage_in_batches_as_celery_messages(sqlite_url: str,
             accounts.finish(None, record)
         assert time.perf_counter() - started < 0.01  # buffering only: no I/O on the caller's path
         await asyncio.sleep(0.2)
-        assert await aredis.llen(clean_queue) == 0 and accounts.usage.pending == 5  # less than a batch waits
+        queued = Keys(namespace).broker_queue_list(clean_queue)
+        assert await aredis.llen(queued) == 0 and accounts.usage.pending == 5  # less than a batch waits
         for record in records[5:]:
             accounts.finish(None, record)  # a full batch is waiting: the shipper wakes and pushes everything
         for _ in range(100):
             if accounts.usage.pending == 0:
                 break
             await asyncio.sleep(0.02)
-        assert await aredis.llen(clean_queue) == 3
+        assert await aredis.llen(queued) == 3
     finally:
         await accounts.close()
-    messages = [json.loads(m) for m in reversed(await aredis.lrange(clean_queue, 0, -1))]
+    messages = [json.loads(m) for m in reversed(await aredis.lrange(queued, 0, -1))]
     assert len(messages) == 3
     shipped = []
     for message in messages:

@@ -24,7 +24,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from core.keys import Keys, broker_binding_member, broker_binding_sets, broker_queue_lists
+from core.keys import Keys, broker_binding_member
 from core.messages import GenerateRequest, SamplingParams, decode_delta, request_to_builtins
 from core.wire import GENERATE_TASK, task_message
 from router.prefix_index import PrefixIndex
@@ -76,10 +76,10 @@ def _complete(stack: Stack, worker: str, prompt: str = PROMPT) -> httpx.Response
     return r
 
 
-def _push_tasks(rdb: redis.Redis, queue: str, reply_channel: str, n: int) -> list[str]:
+def _push_tasks(rdb: redis.Redis, keys: Keys, queue: str, reply_channel: str, n: int) -> list[str]:
     """Push ``n`` generate tasks the way a frontend does (LPUSH); the last onto a priority list, as
     Celery with priorities would. Returns their request ids."""
-    lists = broker_queue_lists(queue)
+    lists = keys.broker_queue_lists(queue)
     ids = []
     for i in range(n):
         request = GenerateRequest(request_id=f"stale-{uuid.uuid4().hex[:8]}", model=MODEL, token_ids=[1, 2, 3, 4, 5],
@@ -92,19 +92,18 @@ def _push_tasks(rdb: redis.Redis, queue: str, reply_channel: str, n: int) -> lis
     return ids
 
 
-def _queued(rdb: redis.Redis, queue: str) -> int:
-    return sum(rdb.llen(k) for k in broker_queue_lists(queue))
+def _queued(rdb: redis.Redis, keys: Keys, queue: str) -> int:
+    return sum(rdb.llen(k) for k in keys.broker_queue_lists(queue))
 
 
 def _bound(rdb: redis.Redis, keys: Keys, queue: str) -> bool:
     exchange = keys.pool_queue(MODEL, "agg")
-    return any(rdb.sismember(k, broker_binding_member(queue)) for k in broker_binding_sets(exchange))
+    return any(rdb.sismember(k, broker_binding_member(queue)) for k in keys.broker_binding_sets(exchange))
 
 
 def _traces(rdb: redis.Redis, keys: Keys, worker_id: str) -> list[str]:
     """Everything Redis still holds about the worker (keys naming it, its registry and index entries)."""
-    found = [k.decode() for pattern in (f"{keys.prefix}:*{worker_id}*", f"sluice.{keys.namespace}.*{worker_id}*")
-             for k in rdb.scan_iter(match=pattern, count=1000)]
+    found = [k.decode() for k in rdb.scan_iter(match=f"{keys.prefix}:*{worker_id}*", count=1000)]
     if rdb.zscore(keys.workers, worker_id) is not None:
         found.append("registry entry")
     if rdb.hexists(keys.worker_queues, worker_id):
@@ -148,16 +147,16 @@ def test_a_killed_workers_queue_is_deleted_and_its_successor_starts_empty(
     watcher = rdb.pubsub(ignore_subscribe_messages=True)
     reply_channel = keys.token_channel(f"watch-{uuid.uuid4().hex[:8]}")
     watcher.subscribe(reply_channel)
-    stale = _push_tasks(rdb, queue, reply_channel, 4)
+    stale = _push_tasks(rdb, keys, queue, reply_channel, 4)
     assert rdb.exists(keys.worker("victim")), "the victim's lease ended before the test pushed its tasks"
-    assert _queued(rdb, queue) == 4
+    assert _queued(rdb, keys, queue) == 4
 
     # The frontend's and the router service's reapers sweep every 2 s; three more here, at once.
     def reaped() -> bool:
         asyncio.run(_sweep_concurrently(stack.redis_url, keys, reapers=3))
         return not _traces(rdb, keys, "victim")
     wait_until(reaped, 60, "the reapers to forget the killed worker", interval=0.2)
-    assert _queued(rdb, queue) == 0
+    assert _queued(rdb, keys, queue) == 0
 
     stack.start_worker("victim", SLUICE_WORKER__LEASE_TTL_S=str(VICTIM_LEASE_S))
     stack.wait_ready(MODEL, workers=2)
@@ -181,14 +180,14 @@ def test_a_live_worker_frozen_with_a_full_queue_keeps_it(stack: Stack, rdb: redi
     watcher.subscribe(reply_channel)
     stack.signal("bystander", signal.SIGSTOP)
     try:
-        queued = _push_tasks(rdb, queue, reply_channel, 3)
+        queued = _push_tasks(rdb, keys, queue, reply_channel, 3)
         # The frozen consumer's pending BRPOP may have taken one (Redis answers it; the process reads
         # it once thawed); the rest stay in the queue.
-        waiting = _queued(rdb, queue)
+        waiting = _queued(rdb, keys, queue)
         assert waiting >= 2
         for _ in range(3):
             asyncio.run(_sweep_concurrently(stack.redis_url, keys, reapers=3))
-        assert _queued(rdb, queue) == waiting and _bound(rdb, keys, queue)
+        assert _queued(rdb, keys, queue) == waiting and _bound(rdb, keys, queue)
         assert rdb.exists(keys.worker("bystander"))
     finally:
         stack.signal("bystander", signal.SIGCONT)

@@ -173,7 +173,8 @@ def test_one_worker_deployment_and_scaler_per_pool(overlay: str, monkeypatch: py
         (trigger,) = scaler["spec"]["triggers"]
         assert trigger["type"] == "redis"
         meta = trigger["metadata"]
-        assert meta["listName"] == Keys(settings.redis.namespace).pool_queue(settings.model, pool)
+        keys = Keys(settings.redis.namespace)
+        assert meta["listName"] == keys.broker_queue_list(keys.pool_queue(settings.model, pool))
         namespace = redis["metadata"]["namespace"]
         assert meta["address"] == f"redis.{namespace}.svc.cluster.local:{redis_port}"
         url = make_url(settings.redis.url)

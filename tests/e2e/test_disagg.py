@@ -15,6 +15,7 @@ import httpx
 import pytest
 import redis
 
+from core.keys import Keys
 from sluice.devstack import Stack, final_delta, wait_until
 from tests.e2e.conftest import MODEL
 from tests.e2e.disagg_support import LONG, SHORT, wait_idle
@@ -144,7 +145,8 @@ def test_a_client_that_leaves_during_the_prefill_cancels_it_on_the_prefill_worke
                 if delta.is_last:
                     final = delta
         assert final is not None and final.finish_reason == "abort" and final.worker_id == "p1"
-        assert r.llen(f"sluice.{s.namespace}.worker.d1") == 0, "a decode task was pushed for a cancelled request"
+        keys = Keys(s.namespace)
+        assert r.llen(keys.broker_queue_list(keys.worker_queue("d1"))) == 0, "a decode task was pushed for a cancelled request"
         wait_idle(r, s, "p1", "d1")
     finally:
         w.close()

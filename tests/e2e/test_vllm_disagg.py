@@ -108,7 +108,7 @@ def test_a_client_that_leaves_during_the_prefill_cancels_it_on_the_prefill_worke
     wait_idle(r, pd, "p1", "d1", timeout=20)
     # Well before the prefill would have ended (a 3,400-token prompt takes tens of seconds here).
     assert time.monotonic() - hung_up < 10
-    assert r.llen(keys.worker_queue("d1")) == 0, "a decode task was pushed for a cancelled request"
+    assert r.llen(keys.broker_queue_list(keys.worker_queue("d1"))) == 0, "a decode task was pushed for a cancelled request"
 
 
 def test_a_prefill_worker_that_dies_falls_back_to_a_local_prefill(pd: Stack, r: redis.Redis) -> None:

@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from app.streams import StreamHub
+from core.keys import Keys
 from core.messages import TokenDelta, Usage, encode_delta
 from workers.publisher import DeltaPublisher
 
@@ -33,7 +34,7 @@ async def test_many_requests_share_one_subscription_in_order(clients, namespace)
     hub = StreamHub(frontend, f"sluice:{namespace}:tok:f1")
     await hub.start()
     pubsub_clients_before = len(await frontend.client_list(_type="pubsub"))
-    pub = DeltaPublisher(worker)
+    pub = DeltaPublisher(worker, Keys(namespace))
     pub.start()
     streams = {f"r{i}": hub.open(f"r{i}", "w") for i in range(20)}
     for seq in range(10):
@@ -95,7 +96,7 @@ async def test_close_publishes_what_is_pending_before_the_flusher_ran(clients, n
     hub = StreamHub(frontend, f"sluice:{namespace}:tok:f5")
     await hub.start()
     stream = hub.open("r", "w")
-    pub = DeltaPublisher(worker)
+    pub = DeltaPublisher(worker, Keys(namespace))
     pub.start()
     pub.publish(hub.channel, encode_delta(TokenDelta("r", 0, [1])))
     pub.publish(hub.channel, encode_delta(TokenDelta("r", 1, [2], finish_reason="stop")))

@@ -1,7 +1,9 @@
 """core/wire.py against Celery itself: the message the frontend pushes by hand must be the one
 Celery's ``app.amqp.as_task_v2`` builds and kombu's Redis transport writes for the same call,
 field by field. Only values that differ between any two sends (the delivery tag, the sender's
-origin) are left out; if a Celery or kombu release adds, drops or changes a field, this fails."""
+origin) are left out; if a Celery or kombu release adds, drops or changes a field, this fails. Celery
+sends with the namespace's broker prefix, as workers/celery_app.py configures it: its message lands in
+the list the frontend pushes onto (``Keys.broker_queue_list``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 import redis
 from celery import Celery
 
+from core.keys import Keys
 from core.wire import RECORD_USAGE_TASK, task_message
 
 # Differ between senders, whoever builds them: the delivery tag (per message), the origin (per process)
@@ -21,9 +24,11 @@ from core.wire import RECORD_USAGE_TASK, task_message
 _PER_SEND = {("properties", "delivery_tag"), ("headers", "origin"), ("properties", "reply_to")}
 
 
-def _celery_app(url: str) -> Celery:
+def _celery_app(url: str, keys: Keys | None = None) -> Celery:
     app = Celery("wire-check", broker=url, set_as_current=False)
     app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True, result_backend=None)
+    if keys is not None:
+        app.conf.broker_transport_options = {"global_keyprefix": keys.broker_prefix}
     return app
 
 
@@ -42,22 +47,23 @@ def _flatten(envelope: dict[str, Any]) -> dict[tuple[str, str], Any]:
 @pytest.fixture
 def queue_and_client(redis_server, namespace):  # noqa: ANN001, ANN201
     client = redis.Redis.from_url(redis_server.url)
-    queue = f"sluice:{namespace}:wire-check"
-    yield queue, client
-    client.delete(queue)
+    keys = Keys(namespace)
+    queue = keys.bookkeeping_queue
+    yield keys, queue, client
+    client.delete(keys.broker_queue_list(queue))
     client.close()
 
 
 def test_the_pushed_message_is_the_one_celery_and_kombu_write(redis_server, queue_and_client) -> None:  # noqa: ANN001
-    queue, client = queue_and_client
+    keys, queue, client = queue_and_client
     args = [{"rows": [[1, "k\"ey", 3.5]], "note": "unicode ✓ and \\ survive"}]
     task_id = str(uuid.uuid4())
-    app = _celery_app(redis_server.url)
+    app = _celery_app(redis_server.url, keys)
     try:
         app.send_task(RECORD_USAGE_TASK, args=args, queue=queue, task_id=task_id, ignore_result=True)
     finally:
         app.close()
-    by_celery = json.loads(client.rpop(queue))
+    by_celery = json.loads(client.rpop(keys.broker_queue_list(queue)))
     # argsrepr is display text (Flower shows it): Celery abbreviates nested values, the frontend
     # writes its own summary; the field itself must be where Celery puts it.
     argsrepr = by_celery["headers"]["argsrepr"]

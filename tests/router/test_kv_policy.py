@@ -153,18 +153,20 @@ async def test_choose_enqueues_the_task_on_the_chosen_queue_once(counter: RoundT
     p = policy(counter.client, keys)
     await p.choose(req("warm"), workers)  # loads the script
     task = TaskParts(b'{"head":"', b'"}')
-    await counter.client.delete("q.w0", "q.w1")  # the factory's queue names are not namespaced
+    # The factory's queue names are not namespaced; their lists are, under the broker prefix.
+    w0, w1 = keys.broker_queue_list("q.w0"), keys.broker_queue_list("q.w1")
+    await counter.client.delete(w0, w1)
     try:
         sends, d = await counter.count(lambda: p.choose(RouteRequest("r1", "m", PROMPT, task=task), workers))
         assert (sends, d.worker_id, d.queue, d.enqueued) == (1, "w1", "q.w1", True)  # routed and enqueued at once
-        assert await counter.client.lrange("q.w1", 0, -1) == [b'{"head":"q.w1"}']
+        assert await counter.client.lrange(w1, 0, -1) == [b'{"head":"q.w1"}']
         # The same request decided again (a call repeated after a lost reply) is not enqueued twice.
         await p.choose(RouteRequest("r1", "m", PROMPT, task=task), workers)
-        assert await counter.client.llen("q.w1") == 1 and await counter.client.llen("q.w0") == 0
+        assert await counter.client.llen(w1) == 1 and await counter.client.llen(w0) == 0
         d = await p.choose(req("r2"), workers)  # no task: nothing enqueued
-        assert not d.enqueued and await counter.client.llen("q.w1") == 1
+        assert not d.enqueued and await counter.client.llen(w1) == 1
     finally:
-        await counter.client.delete("q.w0", "q.w1")
+        await counter.client.delete(w0, w1)
 
 
 async def test_overrides_pin_temperature_and_weight(aredis: aioredis.Redis, keys: Keys, index: PrefixIndex) -> None:
