@@ -10,7 +10,7 @@ import pytest
 
 from sluice import cli
 
-COMMANDS = ["serve", "worker", "router", "bookkeeper", "flower", "drain", "models", "keys", "usage", "db"]
+COMMANDS = ["serve", "worker", "router", "bookkeeper", "flower", "drain", "models", "keys", "usage", "db", "observe", "dashboard"]
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
