@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from app.api import chat, completions, health, keys, models, usage
+from app.api import chat, completions, health, keys, models, monitoring, usage
 
 api_router = APIRouter()
-for module in (health, models, chat, completions, keys, usage):
+for module in (health, monitoring, models, chat, completions, keys, usage):
     api_router.include_router(module.router)

@@ -23,6 +23,7 @@ from app.accounts.service import Principal
 from app.api.deps import router_overrides
 from app.api.sse import DONE, StreamingEvents, sse_event
 from app.generation import Generation, GenerationSpec, resolve_max_tokens, sampling_from
+from app.metrics import error_type
 from app.model_card import ModelCard
 from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
 from app.runtime import FrontendRuntime
@@ -134,13 +135,15 @@ async def start_generation(rt: FrontendRuntime, request: Request, body: Sampling
         rt.policy(overrides.mode)  # an unknown mode is the client's mistake: 400 before any quota is spent
     sampling = sampling_from(body.temperature, body.top_p, body.seed, max_tokens, body.stop_token_ids,
                              body.ignore_eos, body.min_tokens)
-    await rt.accounts.admit(principal, body.model, len(prompt_ids))
     spec = GenerationSpec(model=body.model, prompt_token_ids=prompt_ids, stops=tuple(body.stop_strings()),
                           sampling=sampling, overrides=overrides)
     gen = Generation(rt, spec, card, principal)
     try:
+        await rt.accounts.admit(principal, body.model, len(prompt_ids))
         await gen.start()
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            rt.metrics.observe_refused(body.model, error_type(exc))
         await gen.close()
         raise
     return gen
