@@ -174,10 +174,16 @@ def test_prometheus_scrapes_the_services_on_their_ports(compose: dict[str, Any])
     prometheus = compose["services"]["prometheus"]
     (config_mount,) = [v for v in prometheus["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro")]
     config = yaml.safe_load((COMPOSE.parent / config_mount.split(":")[0]).read_text())
-    targets = {(name, sd["port"]) for job in config["scrape_configs"] for sd in job["dns_sd_configs"]
+    targets = {(name, sd["port"]) for job in config["scrape_configs"] for sd in job.get("dns_sd_configs", ())
                for name in sd["names"]}
     assert targets == {("frontend", 8000), ("flower", 5555)}
     assert set(name for name, _ in targets) <= set(compose["services"])
+    # The workers come from the frontend's discovery, which lists them at the container's address.
+    (workers,) = [job for job in config["scrape_configs"] if "http_sd_configs" in job]
+    assert [sd["url"] for sd in workers["http_sd_configs"]] == ["http://frontend:8000/prometheus/targets"]
+    assert workers["relabel_configs"] == [{"source_labels": ["component"], "regex": "worker", "action": "keep"}]
+    for name in ("worker-mocker", "worker-vllm"):
+        assert compose["services"][name]["environment"]["SLUICE_WORKER__METRICS_HOST"] == "0.0.0.0"
 
 
 def test_grafana_is_provisioned_with_prometheus_and_the_dashboards_folder(compose: dict[str, Any]) -> None:
