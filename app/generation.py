@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -55,7 +55,7 @@ from core.messages import (
 )
 from core.wire import GENERATE_TASK, PREFILL_TASK, task_message_parts
 from router.disagg import DisaggThresholds, PrefillPlace, PrefillPlan, plan_prefill
-from router.policies import Policy, RouteRequest, RouterOverrides
+from router.policies import RouteDecision, RouteRequest, RouterOverrides
 from router.registry import LiveWorker
 
 if TYPE_CHECKING:
@@ -131,12 +131,19 @@ class Generation:
         self._awaiting_first = True
         #: When the current attempt was enqueued (monotonic): the queue-wait limit counts from it.
         self._queued_since = time.monotonic()
+        #: When the current attempt was routed and enqueued (wall clock, like the worker's ``started_at``,
+        #: the end of its queue time), and whether that queue time was measured yet.
+        self._enqueued_at = 0.0
+        self._queue_timed = False
         #: The worker this request counts against in admission control until its first token.
         self._waiting_on: str | None = None
         self._stream: RequestStream | None = None
         self._t0 = time.monotonic()
         self._wall0 = time.time()
         self._t_first: float | None = None
+        #: When the last tokens arrived (monotonic): each gap to the next is inter-token latency.
+        self._t_last: float | None = None
+        self._itl = rt.metrics.itl.labels(spec.model)
         self._started_at: float | None = None
         self._deadline = self._wall0 + rt.settings.frontend.request_timeout_s
         self._done = False
@@ -150,7 +157,7 @@ class Generation:
     async def start(self) -> None:
         rt, spec = self.rt, self.spec
         workers = rt.directory.workers_for(spec.model)
-        mode = spec.overrides.mode or rt.settings.router.mode
+        mode = self._mode = spec.overrides.mode or rt.settings.router.mode
         prefill_workers = [w for w in workers if w.record.pool == "prefill"]
         workers = [w for w in workers if w.record.pool != "prefill"]
         if not workers:
@@ -176,11 +183,12 @@ class Generation:
         # routes): a first delta must find its request.
         stream = rt.hub.open(self.request_id, None)
         self._policy = policy
+        self._enqueued_at = time.time()
         try:
             if prefill_workers and disagg != "off":
                 # The decode worker first (no enqueue): whether its prefill goes remote depends on it.
-                decision = await policy.choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
-                                                            overrides=spec.overrides), workers)
+                decision = await self._choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
+                                                           overrides=spec.overrides), workers)
                 chosen = next(w for w in workers if w.record.worker_id == decision.worker_id)
                 self.plan = PrefillPlan(PrefillPlace.LOCAL, self.prompt_tokens, "aggregated worker") \
                     if chosen.record.pool != "decode" else plan_prefill(
@@ -188,12 +196,12 @@ class Generation:
                     prefill_workers=len(prefill_workers),
                     prefill_queue=sum(w.load.waiting for w in prefill_workers), thresholds=self._thresholds(disagg))
                 if self.plan.remote:
-                    await self._start_prefill(policy, payload, chosen, prefill_workers, stream)
+                    await self._start_prefill(payload, chosen, prefill_workers, stream)
                 else:
                     await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
             else:
-                decision = await policy.choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
-                                                            overrides=spec.overrides, task=task), workers)
+                decision = await self._choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
+                                                           overrides=spec.overrides, task=task), workers)
                 if not decision.enqueued:
                     await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
         except BaseException as exc:
@@ -211,6 +219,20 @@ class Generation:
             stream.worker_id = decision.worker_id
         self._wait_on(stream.worker_id)
         self.pool = workers[0].record.pool
+
+    async def _choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
+        """The policy's decision, timed and counted in the routing metrics (with, in kv mode, the share
+        of the prompt cached on the chosen worker)."""
+        t0 = time.perf_counter()
+        decision = await self._policy.choose(request, workers)
+        seconds = time.perf_counter() - t0
+        ratio = None
+        if self._mode == "kv" and request.token_ids:
+            chosen = next((w for w in workers if w.record.worker_id == decision.worker_id), None)
+            if chosen is not None:
+                ratio = min(1.0, decision.overlap_blocks * chosen.record.block_size / len(request.token_ids))
+        self.rt.metrics.observe_decision(request.model, self._mode, decision.worker_id, seconds, ratio)
+        return decision
 
     @property
     def _prefill_key(self) -> str:
@@ -232,7 +254,7 @@ class Generation:
             min_ratio=d.min_ratio if over.disagg_min_ratio is None else min(1.0, over.disagg_min_ratio),
             max_prefill_queue=d.max_prefill_queue)
 
-    async def _start_prefill(self, policy: Policy, payload: GenerateRequest, decode: LiveWorker,
+    async def _start_prefill(self, payload: GenerateRequest, decode: LiveWorker,
                              prefill_workers: list[LiveWorker], stream: RequestStream) -> None:
         """Enqueue the prefill task on a prefill worker (KV-aware over the prefill pool, in one call
         with the kv policy); the prefill worker pushes the decode task to ``decode`` itself."""
@@ -242,8 +264,8 @@ class Generation:
                                   argsrepr=f"request {self.request_id}: prefill of {self.prompt_tokens} tokens "
                                            f"for {decode.record.worker_id}")
         over = dataclasses.replace(spec.overrides, worker_id=None)  # a pin names the decode worker
-        decision = await policy.choose(RouteRequest(self._prefill_key, spec.model, spec.prompt_token_ids,
-                                                    overrides=over, task=task), prefill_workers)
+        decision = await self._choose(RouteRequest(self._prefill_key, spec.model, spec.prompt_token_ids,
+                                                   overrides=over, task=task), prefill_workers)
         # The prefill worker serves the stream until its first token, the decode worker after it.
         self.prefill_worker_id = decision.worker_id
         stream.worker_id = decision.worker_id
@@ -284,6 +306,10 @@ class Generation:
                 raise StreamStalled(f"no tokens from the worker for {stall:.0f} s") from None
             if self._started_at is None:
                 self._started_at = self._stream.started_at
+            if not self._queue_timed and self._stream.started_at is not None:
+                self._queue_timed = True
+                self.rt.metrics.queue_time.labels(self.spec.model).observe(
+                    max(0.0, self._stream.started_at - self._enqueued_at))
             token_ids: list[int] = []
             last = None
             for delta in batch:
@@ -293,8 +319,14 @@ class Generation:
                 if delta.is_last:
                     last = delta
             if token_ids:
-                if self._t_first is None:
-                    self._t_first = time.monotonic()
+                now = time.monotonic()
+                if self._t_last is None:
+                    self._t_first = now
+                else:  # the gap since the last tokens, shared by the tokens that came together
+                    gap = (now - self._t_last) / len(token_ids)
+                    for _ in token_ids:
+                        self._itl.observe(gap)
+                self._t_last = now
                 if self._awaiting_first:
                     self._awaiting_first = False
                     self._wait_on(None)
@@ -422,9 +454,11 @@ class Generation:
         self._stream = stream = rt.hub.open(self._wire_id, None, first_seq=carried)
         self._awaiting_first = True
         self._queued_since = time.monotonic()
+        self._enqueued_at = time.time()
+        self._queue_timed = False
         over = dataclasses.replace(spec.overrides, worker_id=None)
         try:
-            decision = await self._policy.choose(
+            decision = await self._choose(
                 RouteRequest(self._wire_id, spec.model, token_ids, overrides=over, task=task), pinned or workers)
             if not decision.enqueued:
                 await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
@@ -497,7 +531,7 @@ class Generation:
         log_request(record, self.spec.user)
         self.rt.metrics.observe_finished(self.spec.model, self.finish_reason, self.error_type,
                                          self._t_first - self._t0 if self._t_first else None, end - self._t0,
-                                         self.completion_tokens)
+                                         self.completion_tokens, self.prompt_tokens, self.cached_tokens)
 
 
 def log_request(record: UsageRecord, user: str | None = None) -> None:

@@ -20,6 +20,7 @@ from app.enqueue import Enqueuer
 from app.metrics import FrontendMetrics
 from app.shutdown import GracefulDrain
 from app.streams import StreamHub
+from core.addresses import advertised_host, http_url
 from core.background import BackgroundTasks
 from core.errors import InvalidRequest, ShuttingDown
 from core.keys import Keys
@@ -27,6 +28,8 @@ from core.loops import BackgroundLoop, Backoff
 from core.messages import ControlCommand, encode_control
 from core.redis_client import frontend_client
 from core.settings import Settings
+from router.cluster import ClusterReader
+from router.frontends import FrontendRecord, FrontendRegistry
 from router.kv_policy import KvPolicy
 from router.policies import LeastLoadedPolicy, Policy, PoolPolicy, RandomPolicy, RoundRobinPolicy
 from router.reaper import run_reaper
@@ -56,6 +59,10 @@ class FrontendRuntime:
         await self.directory.start()
         self.kv_policy = KvPolicy(self.redis, self.keys, s.router)
         self.policies: dict[str, Policy] = self._make_policies()
+        self.frontends = FrontendRegistry(self.redis, self.keys)
+        self.cluster = ClusterReader(self.redis, self.keys, registry=self.registry, index=self.kv_policy.index)
+        self.url = http_url(advertised_host(s.frontend.host, s.frontend.advertise_host), s.frontend.port)
+        self._started_at = time.time()
         self.accounts = Accounts(s, self.redis, self.keys)
         await self.accounts.start()
         self._background = BackgroundTasks("background task")
@@ -69,9 +76,12 @@ class FrontendRuntime:
             run_reaper(self.registry, self.kv_policy.index, s.router.reaper_interval_s), name="reaper")
 
     async def _renew_lease(self) -> None:
-        """Hold this frontend's lease: while it lives, workers keep running the requests it sent."""
-        await self.redis.set(self.keys.frontend_lease(self.frontend_id), b"1",
-                             px=int(self.settings.frontend.lease_ttl_s * 1000))
+        """Hold this frontend's lease: while it lives, workers keep running the requests it sent. The lease
+        carries the frontend's record (router.frontends: its address, for ``sluice status`` and Prometheus)."""
+        record = FrontendRecord(frontend_id=self.frontend_id, url=self.url, metrics_url=f"{self.url}/metrics",
+                                router_mode=self.settings.router.mode, started_at=self._started_at,
+                                in_flight=self.hub.in_flight(), updated_at=time.time())
+        await self.frontends.renew(record, self.settings.frontend.lease_ttl_s)
 
     def _end_open_requests(self) -> None:
         """The drain deadline: every request still open ends with an error (and its worker stops it)."""
@@ -123,7 +133,7 @@ class FrontendRuntime:
     async def close(self) -> None:
         await self._lease.stop()
         with contextlib.suppress(Exception):  # gone now: workers need not wait out the lease
-            await self.redis.delete(self.keys.frontend_lease(self.frontend_id))
+            await self.frontends.remove(self.frontend_id)
         self._reaper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reaper

@@ -137,6 +137,12 @@ class Keys:
         """A frontend's lease (a key with a TTL): workers drop the requests of a frontend without one."""
         return f"{self.prefix}:frontend:{frontend_id}"
 
+    @property
+    def frontends(self) -> str:
+        """Sorted set: frontend_id scored by its lease expiry (unix seconds), to list the live frontends.
+        Each frontend's lease key (:meth:`frontend_lease`) holds its record (JSON: ``router.frontends``)."""
+        return f"{self.prefix}:frontends"
+
     def control_channel(self, worker_id: str) -> str:
         """Pub/sub channel for cancel / clear-cache / drain commands to one worker."""
         return f"{self.prefix}:ctl:{worker_id}"

@@ -91,6 +91,13 @@ class WorkerSettings(BaseModel):
     concurrency: int | None = None
     #: Send Celery task events (Flower's task views need them; they cost worker CPU per task).
     task_events: bool = True
+    #: The worker's Prometheus ``/metrics`` (docs/metrics.md): the address it listens on, its port
+    #: (0: a free one, chosen at start; -1: no endpoint), and the host name other processes reach it
+    #: at, registered with the worker (unset: ``metrics_host``, or this machine's address when that is
+    #: a wildcard such as 0.0.0.0: core.addresses).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(0, ge=-1, le=65535)
+    metrics_advertise_host: str | None = None
     mocker: MockerSettings = MockerSettings()
     vllm: VllmSettings = VllmSettings()
 
@@ -167,6 +174,9 @@ class FrontendSettings(BaseModel):
     drain_timeout_s: float = Field(30.0, ge=0)
     #: SSE comment pings on open streams (a queued request's connection stays alive behind proxies); 0: none.
     sse_ping_s: float = Field(15.0, ge=0)
+    #: The host name other processes (Prometheus, ``sluice status``) reach this frontend at, published
+    #: with its lease (unset: ``host``, or this machine's address when that is a wildcard: core.addresses).
+    advertise_host: str | None = None
 
 
 class AccountsSettings(BaseModel):

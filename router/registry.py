@@ -46,6 +46,8 @@ class WorkerRecord(WorkerIdentity):
     slot: int = -1
     #: Whether the engine reports its KV cache through events (False: routers guess, approximate mode).
     kv_events: bool = True
+    #: Where the worker serves its Prometheus metrics ("": nowhere; workers.metrics).
+    metrics_url: str = ""
     #: What the engine can do beyond plain generation, comma-separated (workers.engines.base.Feature).
     features: str = ""
 
@@ -67,6 +69,8 @@ class WorkerLoad:
     draining: bool = False
     #: Times the worker rebuilt its prefix-index entries to repair them, since it started (workers.kv_relay).
     kv_resyncs: int = 0
+    #: Tokens the engine generated per second over the last heartbeat interval.
+    tokens_per_s: float = 0.0
 
     @property
     def kv_usage(self) -> float:

@@ -6,7 +6,7 @@ with the KV-aware policy's choice without routing anything (nothing is recorded 
     POST /best_worker  {"model": "smollm2", "token_ids": [1, 2, 3]}      (or "text": "..." instead)
         -> {"worker_id": "...", "queue": "...", "overlap_blocks": 0, "cost": 3.0}
     GET  /workers[?model=...]
-        -> {"object": "list", "data": [{"worker_id": ..., "load": {...}, "index_blocks": ...}, ...]}
+        -> {"object": "list", "data": [{"worker_id": ..., "load": {...}, "index_blocks": ..., "metrics_url": ...}, ...]}
     POST /clear_kv_blocks  {"worker_id": "w1"}    (or {} for every worker)
         -> {"workers_notified": 1}
 
@@ -95,6 +95,8 @@ class WorkerPublic(BaseModel):
     lease_expires_at: float
     load: WorkerLoadPublic
     index_blocks: int
+    #: Where the worker serves its Prometheus metrics (None: it serves none).
+    metrics_url: str | None = None
 
 
 class WorkerList(BaseModel):
@@ -160,6 +162,7 @@ class RouterService:
                 engine=w.record.engine, slot=w.record.slot, block_size=w.record.block_size,
                 kv_blocks=w.record.kv_blocks, kv_events=publishes_kv_events(w.record),
                 lease_expires_at=w.lease_expires_at, index_blocks=sizes[w.record.worker_id],
+                metrics_url=w.record.metrics_url or None,
                 load=WorkerLoadPublic(running=w.load.running, waiting=w.load.waiting,
                                       active_blocks=w.load.active_blocks, total_blocks=w.load.total_blocks,
                                       kv_usage=w.load.kv_usage))

@@ -15,6 +15,7 @@ import os
 import sys
 import textwrap
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from core.settings import FrontendSettings, RouterSettings, get_settings
 
@@ -82,10 +83,15 @@ def _serve(args: argparse.Namespace) -> int:
     from core.logs import configure_logging
     from sluice.ready import Announcement, ReadyAnnouncer
 
+    # The frontend publishes its address with its lease (app.runtime): the options win over their variables.
+    if args.host:
+        os.environ["SLUICE_FRONTEND__HOST"] = args.host
+    if args.port:
+        os.environ["SLUICE_PORT"] = str(args.port)
+    get_settings.cache_clear()
     settings = get_settings()
     configure_logging(settings.log_format, args.log_level)
-    host = args.host or settings.frontend.host
-    port = args.port or settings.frontend.port
+    host, port = settings.frontend.host, settings.frontend.port
     if args.banner:
         reachable = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         ReadyAnnouncer(Announcement(api_url=f"http://{reachable}:{port}", flower_url=args.flower_url,
@@ -256,6 +262,54 @@ def _add_drain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_drain)
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def _watch_option(p: argparse.ArgumentParser, default_s: float, what: str) -> None:
+    """``--watch [SECONDS]``: do it again every SECONDS (``default_s`` when not given) until Ctrl-C."""
+    p.add_argument("--watch", type=_positive_seconds, nargs="?", const=default_s, default=None, metavar="SECONDS",
+                   help=f"{what} every SECONDS ({default_s:g} when not given) until Ctrl-C")
+
+
+def _status(args: argparse.Namespace) -> int:
+    from sluice.status import run
+
+    return run(get_settings(), watch_s=args.watch, as_json=args.json)
+
+
+def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help="show the running deployment: models, pools, workers, frontends",
+                       description="One screen on the deployment of SLUICE_REDIS_URL and SLUICE_NAMESPACE, read "
+                                   "from Redis: each model's pools and queued requests; each worker's state, "
+                                   "load, KV usage, index blocks, queue, token rate, last heartbeat and metrics "
+                                   "URL; each frontend's address, routing mode and requests in flight.")
+    _watch_option(p, 2.0, "refresh")
+    p.add_argument("--json", action="store_true",
+                   help="print the same facts as JSON, for scripts (with --watch: one document a line)")
+    p.set_defaults(func=_status)
+
+
+def _prometheus_targets(args: argparse.Namespace) -> int:
+    from sluice.targets import run
+
+    return run(get_settings(), output=args.output, watch_s=args.watch)
+
+
+def _add_prometheus_targets(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("prometheus-targets", help="list every live process's metrics endpoint for Prometheus",
+                       description="Print the metrics endpoint of every live frontend and worker of the namespace "
+                                   "as Prometheus target groups (the file_sd_configs format; the frontend serves "
+                                   "the same at GET /prometheus/targets for http_sd_configs), read from Redis.")
+    p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
+                   help="write FILE (replaced atomically) instead of printing")
+    _watch_option(p, 15.0, "print (or write) the targets again")
+    p.set_defaults(func=_prometheus_targets)
+
+
 def _add_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     models = sub.add_parser("models", help="prepare model directories",
                             description="Model directories under SLUICE_CACHE_DIR/models "
@@ -281,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bookkeeper(sub)
     _add_flower(sub)
     _add_drain(sub)
+    _add_status(sub)
+    _add_prometheus_targets(sub)
     _add_models(sub)
 
     from sluice.accounts_cli import add_accounts_commands

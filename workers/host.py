@@ -5,6 +5,8 @@ request has finished, so Celery's view (active tasks, prefetch, Flower) matches 
 The loop thread owns everything asynchronous: the engine, the Redis client, the delta
 publisher, the heartbeat (lease + load), the control-channel listener (cancel, clear KV) and the
 KV relay that keeps the Redis prefix index equal to the engine's prefix cache (workers.kv_relay).
+The host also owns the worker's Prometheus metrics and their ``/metrics`` endpoint (workers.metrics),
+whose URL it registers.
 
 An engine whose ``publishes_kv_events`` is False (``workers.engines.base.Engine``) registers with
 ``kv_events=False``: routers then guess its cache from their own decisions (approximate mode), and
@@ -59,7 +61,7 @@ from core.wire import GENERATE_TASK, task_message
 from router.registry import Registry, WorkerIdentity, WorkerLoad, WorkerRecord
 from workers.engines.base import Engine, EngineKvEvent, EngineRequest
 from workers.kv_relay import KvRelay
-from workers.metrics import WorkerMetrics
+from workers.metrics import MetricsEndpoint, TokenRate, WorkerMetrics
 from workers.publisher import DeltaPublisher
 
 log = logging.getLogger(__name__)
@@ -94,8 +96,20 @@ class EngineHost:
         self._stopping = False
         self._draining = False
         self._control: BackgroundLoop | None = None
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        self._token_rate = TokenRate()
 
     # ---- lifecycle (called from the Celery main thread) -------------------------------------
+    def serve_metrics(self) -> str:
+        """Start the worker's ``/metrics`` endpoint (unless the settings turn it off); returns its URL,
+        registered at go-live ("" without one). Raises OSError when its address cannot be bound."""
+        self._metrics_endpoint = MetricsEndpoint.start(self.metrics.registry, self.settings.worker)
+        return self.metrics_url
+
+    @property
+    def metrics_url(self) -> str:
+        return self._metrics_endpoint.url if self._metrics_endpoint is not None else ""
+
     def start(self) -> None:
         """Start the loop thread and the engine; raises EngineStartError if the engine cannot start."""
         self._thread.start()
@@ -117,6 +131,8 @@ class EngineHost:
             self._call(self._stop(), timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.close()
 
     def serve(self, payload: dict) -> None:
         """Run one request to its end (called from a Celery task thread; blocks)."""
@@ -134,6 +150,7 @@ class EngineHost:
         self.publisher.start()
         self.registry = Registry(self.redis, self.keys)
         self.kv = KvRelay(self.redis, self.keys, self.identity.worker_id, self.identity.model, self.metrics)
+        self.engine.on_step = self.metrics.observe_step
         await self.engine.start(self._on_kv_events)
 
     def _on_kv_events(self, events: Sequence[EngineKvEvent]) -> None:
@@ -155,12 +172,17 @@ class EngineHost:
         return WorkerRecord(
             **asdict(self.identity), engine=info.engine, block_size=info.block_size, kv_blocks=info.kv_blocks,
             max_num_seqs=info.max_num_seqs, context_length=info.context_length, started_at=time.time(),
-            kv_events=self.kv_events, features=",".join(sorted(info.features)),
+            kv_events=self.kv_events, metrics_url=self.metrics_url,
+            features=",".join(sorted(info.features)),
         )
 
     def _load(self) -> WorkerLoad:
-        return replace(self.engine.load(), updated_at=time.time(), draining=self._draining,
-                       kv_resyncs=self.metrics.kv_index_resyncs_total())
+        """The load record a heartbeat publishes (the worker's gauges are set from it too)."""
+        load = replace(self.engine.load(), updated_at=time.time(), draining=self._draining,
+                       kv_resyncs=self.metrics.kv_index_resyncs_total(),
+                       tokens_per_s=self._token_rate.sample(self.metrics.generated_tokens_total(), time.monotonic()))
+        self.metrics.observe_load(load)
+        return load
 
     async def _drain(self) -> None:
         """Say ``draining`` in the load record now, not at the next heartbeat; at the drain deadline,
@@ -326,6 +348,10 @@ class EngineHost:
             async for out in stream:
                 if not out.token_ids and out.finish_reason is None:
                     continue
+                if out.token_ids:
+                    self.metrics.generated_tokens.inc(len(out.token_ids))
+                if out.usage is not None:
+                    self.metrics.observe_usage(out.usage)
                 if first and req.kv_handle is not None:
                     self._release_remote(req)  # the engine has read the KV: the prefill worker may free it
                 if prefill and out.finish_reason == "length" and req.sampling.max_tokens > 1:

@@ -15,6 +15,8 @@ failed a step. Each repair is logged at WARNING and counted in ``sluice_kv_index
 the snapshot are taken on the engine loop, so a snapshot already includes every event still
 pending; those are dropped and the batches after it continue the numbering.
 
+The events of every applied batch are counted in ``sluice_worker_kv_events_published_total``.
+
 On shutdown the worker's entries are purged (``close``); a worker that dies without closing is purged
 by the reaper when its lease ends.
 """
@@ -146,6 +148,8 @@ class KvRelay:
         if result.needs_resync:
             log.info("KV index refused batch %d of %s (%s); resyncing", self.event_id, self.worker_id, result.status)
             self._request_resync("refused")
+        elif result.status == "ok":
+            self.metrics.observe_kv_events(events)
 
     def _mark_synced(self) -> None:
         if self._synced is not None:

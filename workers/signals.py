@@ -1,8 +1,9 @@
 """Worker start-up and shut-down, wired to Celery's signals.
 
 * ``celeryd_after_setup``: turn off kombu's ack emulation (see below), pick the worker id (Celery's node name unless SLUICE_WORKER__WORKER_ID
-  is set), consume the pool queue and the worker's own queue, start the engine host (loading the
-  model). A worker whose engine cannot start exits with a clear message and never registers.
+  is set), consume the pool queue and the worker's own queue, serve the worker's ``/metrics``
+  (workers.metrics), start the engine host (loading the model). A worker whose engine or metrics
+  endpoint cannot start exits with a clear message and never registers.
 * ``worker_ready``: the consumer is up, so register under a lease (routers may now pick us).
 * ``worker_shutting_down`` (SIGTERM: Celery's warm shutdown begins): drain. The load record says
   ``draining`` at once, so routers stop picking the worker; what runs finishes; a task that starts
@@ -58,6 +59,12 @@ def _start_engine(sender: str, instance, **_: object) -> None:  # type: ignore[n
         _die(f"engine {settings.worker.engine!r} cannot serve the {settings.worker.pool} pool "
              "(it does not support disaggregated prefill)")
     host = EngineHost(settings, engine, identity)
+    try:
+        host.serve_metrics()
+    except OSError as exc:
+        _die(f"cannot serve /metrics on {settings.worker.metrics_host}:{settings.worker.metrics_port} "
+             f"(SLUICE_WORKER__METRICS_HOST / SLUICE_WORKER__METRICS_PORT; port 0 picks a free one, -1 serves "
+             f"none): {exc}")
     try:
         host.start()
     except EngineStartError as exc:

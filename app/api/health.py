@@ -1,15 +1,14 @@
-"""``/health`` (the process is up), ``/ready`` (every served model has a live worker), ``/metrics``."""
+"""``/health`` (the process is up) and ``/ready`` (every served model has a live worker)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 from fastapi import APIRouter
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 
 from app.api.deps import RuntimeDep
-from app.api.openapi import METRICS_RESPONSES, READY_RESPONSES
+from app.api.openapi import READY_RESPONSES
 
 router = APIRouter()
 
@@ -39,15 +38,3 @@ async def ready(rt: RuntimeDep) -> Response:
     is_ready = bool(models) and all(sum(n for p, n in pools[m].items() if p != "prefill") > 0 for m in known)
     return JSONResponse({"ready": is_ready, "models": models, "pools": pools}, status_code=200 if is_ready else 503,
                         headers=None if is_ready else {"Retry-After": "2"})
-
-
-@router.get("/metrics", response_class=PlainTextResponse, responses=METRICS_RESPONSES)
-async def metrics(rt: RuntimeDep) -> Response:
-    rt.metrics.in_flight.set(rt.hub.in_flight())
-    rt.metrics.waiting.set(rt.admission.total_waiting())
-    f = rt.settings.frontend
-    rt.metrics.limits.labels("max_waiting_per_worker").set(f.max_waiting_per_worker)
-    rt.metrics.limits.labels("max_queue_wait_seconds").set(f.max_queue_wait_s)
-    for model, workers in rt.directory.served_models().items():
-        rt.metrics.live_workers.labels(model).set(len(workers))
-    return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -28,6 +28,7 @@ from app.api.sse import DONE, StreamingEvents, sse_event
 from app.choices import Choices, choice_seed
 from app.generation import Generation, GenerationSpec, resolve_max_tokens, sampling_from
 from app.logprobs import Entries
+from app.metrics import error_type
 from app.model_card import ModelCard
 from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
 from app.runtime import FrontendRuntime
@@ -178,9 +179,9 @@ async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFie
         check_engines(structured, rt.directory.workers_for(body.model), constraint_param(body))
     sampling = sampling_from(body, sampling_defaults(card, rt.settings.frontend), max_tokens, card.vocab_size,
                              logprobs, structured)
-    await rt.accounts.admit(principal, body.model, len(prompt_ids))
     gens: list[Generation] = []
     try:
+        await rt.accounts.admit(principal, body.model, len(prompt_ids))
         for i in range(body.n):
             first = gens[0] if gens else None
             pinned = overrides if first is None or first.worker_id is None \
@@ -192,7 +193,9 @@ async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFie
             gen = Generation(rt, spec, card, principal)
             gens.append(gen)
             await gen.start()
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            rt.metrics.observe_refused(body.model, error_type(exc))
         for gen in gens:
             await gen.close()
         raise

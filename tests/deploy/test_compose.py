@@ -174,13 +174,17 @@ def test_prometheus_scrapes_the_services_on_their_ports(compose: dict[str, Any])
     prometheus = compose["services"]["prometheus"]
     (config_mount,) = [v for v in prometheus["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro")]
     config = yaml.safe_load((COMPOSE.parent / config_mount.split(":")[0]).read_text())
-    targets = {(name, sd["port"]) for job in config["scrape_configs"] for sd in job.get("dns_sd_configs", [])
+    targets = {(name, sd["port"]) for job in config["scrape_configs"] for sd in job.get("dns_sd_configs", ())
                for name in sd["names"]}
     assert targets == {("frontend", 8000), ("flower", 5555)}
     assert set(name for name, _ in targets) <= set(compose["services"])
-    # The workers come from a frontend's service discovery; the rules file is mounted where the config names it.
-    (discovery,) = [sd["url"] for job in config["scrape_configs"] for sd in job.get("http_sd_configs", [])]
-    assert discovery == "http://frontend:8000/prometheus/targets"
+    # The workers come from the frontend's discovery, which lists them at the container's address.
+    (workers,) = [job for job in config["scrape_configs"] if "http_sd_configs" in job]
+    assert [sd["url"] for sd in workers["http_sd_configs"]] == ["http://frontend:8000/prometheus/targets"]
+    assert workers["relabel_configs"] == [{"source_labels": ["component"], "regex": "worker", "action": "keep"}]
+    for name in ("worker-mocker", "worker-vllm"):
+        assert compose["services"][name]["environment"]["SLUICE_WORKER__METRICS_HOST"] == "0.0.0.0"
+    # The rules file is mounted where the config names it.
     (rules_mount,) = [v for v in prometheus["volumes"] if v.endswith(":/etc/prometheus/rules.yml:ro")]
     assert config["rule_files"] == ["/etc/prometheus/rules.yml"]
     assert (COMPOSE.parent / rules_mount.split(":")[0]).is_file()

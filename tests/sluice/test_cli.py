@@ -10,7 +10,8 @@ import pytest
 
 from sluice import cli
 
-COMMANDS = ["serve", "worker", "router", "bookkeeper", "flower", "drain", "models", "keys", "usage", "db", "observe", "dashboard"]
+COMMANDS = ["serve", "worker", "router", "bookkeeper", "flower", "drain", "status", "prometheus-targets", "models", "keys",
+            "usage", "db", "observe", "dashboard"]
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

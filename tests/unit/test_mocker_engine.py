@@ -18,7 +18,7 @@ from core.messages import AllBlocksCleared, SamplingParams
 from core.settings import MockerSettings
 from router.hashing import block_hashes, root_hash
 from tests.support.kv_events import KvEventLog
-from workers.engines.base import EngineOutput, EngineRequest
+from workers.engines.base import EngineOutput, EngineRequest, StepStats
 from workers.engines.mocker import MockerEngine
 from workers.engines.mocker_timing import decode_ms, prefill_ms
 from workers.engines.mocker_tokens import expected_output
@@ -91,6 +91,45 @@ async def test_preemption_under_kv_pressure_keeps_outputs_exact(monkeypatch: pyt
             assert_exact(engine, p, sampling, outputs)
         assert preempted
         assert_idle(engine, log)
+
+
+async def steps_of(settings: MockerSettings, requests: int) -> list[StepStats]:
+    """The steps the engine reports while serving ``requests`` prompts of 10 tokens, 12 tokens each."""
+    engine = MockerEngine(MODEL, settings)
+    steps: list[StepStats] = []
+    engine.on_step = steps.append
+    await engine.start()
+    try:
+        sampling = SamplingParams(max_tokens=12, temperature=0.0)
+        await asyncio.gather(*(run(engine, f"r{i}", prompt(10, i), sampling) for i in range(requests)))
+    finally:
+        await engine.shutdown()
+    return steps
+
+
+async def test_every_step_is_reported_with_its_tokens_and_time() -> None:
+    steps = await steps_of(MockerSettings(no_sleep=True, block_size=4, speedup=2.0), requests=6)
+    # Each prompt computed once; each request's first token sampled at the end of its prefill step.
+    assert sum(s.prefill_tokens for s in steps) == 6 * 10
+    assert sum(s.decode_tokens for s in steps) == 6 * 11
+    assert sum(s.preemptions for s in steps) == 0
+    first = steps[0]
+    assert first.phase == "prefill" and first.duration_s == pytest.approx(prefill_ms(first.prefill_tokens) / 2000)
+    assert steps[-1].phase == "decode" and steps[-1].prefill_tokens == 0
+    assert all(s.duration_s is not None and s.duration_s > 0 for s in steps)
+
+
+async def test_preemptions_are_reported_with_their_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    preempted: list[tuple] = []
+    original = MockerEngine._preempt
+
+    def record(self: MockerEngine, req: object) -> None:
+        preempted.append((req,))
+        original(self, req)
+
+    monkeypatch.setattr(MockerEngine, "_preempt", record)
+    steps = await steps_of(MockerSettings(no_sleep=True, block_size=4, kv_blocks=8), requests=6)
+    assert sum(s.preemptions for s in steps) == len(preempted) > 0
 
 
 async def test_chunked_prefill_and_cache_hits(monkeypatch: pytest.MonkeyPatch) -> None:

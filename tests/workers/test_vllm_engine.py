@@ -28,7 +28,7 @@ from core.settings import VllmSettings  # noqa: E402
 from router.hashing import block_hashes, root_hash  # noqa: E402
 from tests.engines.conftest import EngineCase, shared_engine  # noqa: E402
 from tests.workers.vllm_support import MODEL, smollm2_weights_dir  # noqa: E402
-from workers.engines.base import EngineOutput, EngineRequest, EngineStartError  # noqa: E402
+from workers.engines.base import EngineOutput, EngineRequest, EngineStartError, StepStats  # noqa: E402
 from workers.engines.vllm_engine import VllmEngine, to_vllm_sampling  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -107,6 +107,41 @@ def test_vllms_logprobs_become_sluices() -> None:
     (entry,) = token_logprobs([7], [step], 2)
     assert entry.logprob == -0.5 and entry.top == [(9, -0.1), (7, -0.5)]
     assert token_logprobs([7], [step], None) is None
+
+
+async def test_every_engine_step_is_reported_with_its_time_and_tokens(engine: EngineCase, tokenizer: Tokenizer) -> None:
+    steps: list[StepStats] = []
+    engine.engine.on_step = steps.append
+    try:
+        prompt = tokenizer.encode(FRANCE + "Paris.<|im_end|>" * 3).ids
+        outputs = await run(engine, prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    finally:
+        engine.engine.on_step = None
+    assert sum(len(out.token_ids) for out in outputs) == 6
+    usage = outputs[-1].usage
+    assert usage is not None
+    prefills = [s for s in steps if s.phase == "prefill"]
+    assert sum(s.prefill_tokens for s in prefills) == len(prompt) - usage.cached_tokens
+    assert sum(s.decode_tokens for s in steps) >= 5
+    assert all(s.duration_s is not None and s.duration_s > 0 for s in steps)
+
+
+def test_a_step_is_read_from_vllm_iteration_details() -> None:
+    from vllm.v1.metrics.stats import IterationStats, SchedulerIterationDetails, SchedulerStats
+
+    from workers.engines.vllm_stats import step_of
+
+    details = SchedulerIterationDetails(iteration_index=3, num_ctx_requests=1, num_ctx_tokens=100,
+                                        num_generation_requests=2, num_generation_tokens=2, elapsed_ms=12.5)
+    iteration = IterationStats()
+    iteration.num_preempted_reqs = 1
+    assert step_of(SchedulerStats(iteration_details=details), iteration) == StepStats(
+        0.0125, prefill_tokens=100, decode_tokens=2, preemptions=1)
+    assert step_of(SchedulerStats(), iteration) == StepStats(None, preemptions=1)
+    assert step_of(SchedulerStats(), IterationStats()) is None
+    dummy = SchedulerIterationDetails(iteration_index=4, num_ctx_requests=0, num_ctx_tokens=0,
+                                      num_generation_requests=0, num_generation_tokens=0, elapsed_ms=0.0, is_dummy=True)
+    assert step_of(SchedulerStats(iteration_details=dummy), None) is None
 
 
 def test_sampling_maps_to_vllm() -> None:

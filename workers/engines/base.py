@@ -47,6 +47,10 @@ Contract (checked by tests/engines/test_conformance.py, which every engine must 
   engine fails.
 * ``load()`` is cheap and thread-safe enough to call from the heartbeat; it leaves ``updated_at`` 0
   (the heartbeat stamps it).
+* Step statistics: an engine that can see its steps (forward passes) hands each one's
+  :class:`StepStats` to ``on_step`` (set by the host before ``start``; None: nobody listens), with
+  :func:`emit_step`, from the engine loop thread; the observer never blocks. Preemptions are
+  reported with the step that made them.
 * Disaggregation (engines with ``supports_disaggregation``): a ``kv_export`` request holds its
   prompt's blocks after it ends, until ``release_transfer`` or the hold's lease, and its last
   output carries ``kv_handle``; a request with ``kv_handle`` reads the prompt's KV it does not
@@ -140,6 +144,32 @@ class KvEventSink(Protocol):
     def __call__(self, events: Sequence[EngineKvEvent]) -> None: ...
 
 
+#: A step that computed any prompt tokens is a ``prefill`` step (chunked prefills share steps with
+#: decoding requests), the others ``decode`` steps.
+StepPhase = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """One engine step as its engine measured it. ``duration_s``: how long the step computed (None: the
+    engine learned of preemptions apart from any timed step); ``prefill_tokens``: prompt tokens it
+    computed; ``decode_tokens``: tokens it computed for decoding requests; ``preemptions``: running
+    requests it sent back to wait, their KV blocks freed (they recompute them)."""
+
+    duration_s: float | None
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def phase(self) -> StepPhase:
+        return "prefill" if self.prefill_tokens else "decode"
+
+
+class StepObserver(Protocol):
+    def __call__(self, step: StepStats) -> None: ...
+
+
 def discard_kv_events(events: Sequence[EngineKvEvent]) -> None:
     """A sink that drops events (for tests and engines run without a router)."""
 
@@ -155,10 +185,23 @@ def emit_kv_events(sink: KvEventSink, events: Sequence[EngineKvEvent]) -> None:
         log.exception("KV event sink failed")
 
 
+def emit_step(observer: StepObserver | None, step: StepStats) -> None:
+    """Hand ``step`` to the host's observer, if any; a failing observer is logged, not raised (as
+    :func:`emit_kv_events`)."""
+    if observer is None:
+        return
+    try:
+        observer(step)
+    except Exception:  # noqa: BLE001 - the observer belongs to the host; generation goes on
+        log.exception("engine step observer failed")
+
+
 class Engine(abc.ABC):
     """Base class; see the module docstring for the contract. ``info`` is set by ``start``."""
 
     info: EngineInfo
+    #: Where the engine reports its steps (see the contract); the host sets it before ``start``.
+    on_step: StepObserver | None = None
     #: Whether the engine reports its cache through the ``kv_sink`` (see the contract). The host
     #: registers the worker with it, and relays events and ``cached_block_hashes()`` only if True.
     publishes_kv_events: bool = True

@@ -56,8 +56,10 @@ from workers.engines.base import (
     EngineRequest,
     EngineStartError,
     KvEventSink,
+    StepStats,
     discard_kv_events,
     emit_kv_events,
+    emit_step,
 )
 from workers.engines.mocker_kv import KvBlockManager
 from workers.engines.mocker_timing import step_ms
@@ -151,6 +153,8 @@ class MockerEngine(Engine):
         self.kv_hold_s = kv_hold_s
         self._held: dict[str, tuple[_Request, asyncio.TimerHandle]] = {}
         self._pulls: dict[str, asyncio.TimerHandle] = {}
+        #: Running requests sent back to wait during the step being scheduled.
+        self._preempted = 0
 
     # ---- Engine interface ---------------------------------------------------------------------
     async def start(self, kv_sink: KvEventSink = discard_kv_events) -> None:
@@ -378,6 +382,7 @@ class MockerEngine(Engine):
 
     def _preempt(self, req: _Request) -> None:
         """Send a running request back to the head of the queue; it recomputes from scratch."""
+        self._preempted += 1
         del self._running[req.request_id]
         self._release(req)
         req.num_computed = 0
@@ -427,23 +432,27 @@ class MockerEngine(Engine):
                 continue
             start = loop.time()
             try:
-                duration_ms, deliveries = self._step()
+                step, deliveries = self._step()
             except Exception as exc:  # noqa: BLE001 - fail the requests, keep the engine serving
                 log.exception("mocker scheduler step failed")
                 self._fail_all(exc)
                 continue
             emit_kv_events(self._sink, self._kv.take_events())
+            assert step.duration_s is not None
             if self.settings.no_sleep:
                 await asyncio.sleep(0)
             else:
                 base = planned_end if start - planned_end < _CATCH_UP_S else start
-                planned_end = base + duration_ms / 1000.0
+                planned_end = base + step.duration_s
                 await asyncio.sleep(max(0.0, planned_end - loop.time()))
+            emit_step(self.on_step, step)
             self._deliver(deliveries)
 
-    def _step(self) -> tuple[float, list[_Delivery]]:
-        """Schedule and compute one step; returns its duration (ms) and the tokens it produced."""
+    def _step(self) -> tuple[StepStats, list[_Delivery]]:
+        """Schedule and compute one step; returns what it did (its simulated duration, also with
+        ``no_sleep``) and the tokens it produced."""
         batch: list[tuple[_Request, int]] = []
+        self._preempted = 0
         budget, preempted = self._schedule_running(batch, self.settings.max_num_batched_tokens)
         if not preempted:
             self._admit(batch, budget)
@@ -455,7 +464,8 @@ class MockerEngine(Engine):
                 prefill_tokens += chunk
         kv_usage = self._kv.active_blocks / self._kv.num_blocks
         deliveries = [d for req, chunk in batch if (d := self._compute(req, chunk)) is not None]
-        return step_ms(prefill_tokens, decoding, kv_usage, self.settings.speedup), deliveries
+        duration_s = step_ms(prefill_tokens, decoding, kv_usage, self.settings.speedup) / 1000.0
+        return StepStats(duration_s, prefill_tokens, decoding, self._preempted), deliveries
 
     def _schedule_running(self, batch: list[tuple[_Request, int]], budget: int) -> tuple[int, bool]:
         """Give running requests their next chunk, oldest first; returns the token budget left and

@@ -80,6 +80,7 @@ from workers.engines.base import (
     KvEventSink,
     discard_kv_events,
     emit_kv_events,
+    emit_step,
 )
 from workers.engines.vllm_kv_events import KvEventFeed, KvEventTranslator
 from workers.engines.vllm_kv_subscriber import KvEventSubscriber
@@ -221,8 +222,10 @@ def engine_args(model_path: Path, settings: VllmSettings, kv_endpoint: str,
         kv_cache_memory_bytes=int(settings.kv_cache_gib * _GIB) if on_cpu else None,
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic="kv"),
         kv_transfer_config=transfer_config(transfer, on_cpu) if transfer is not None else None,
-        # Scheduler statistics (workers.engines.vllm_stats) only where the KV moves between workers.
-        disable_log_stats=transfer is None,
+        # Scheduler statistics go to Sluice's recorder alone (workers.engines.vllm_stats), which turns
+        # them on; vLLM's own periodic log lines stay off, and iteration details give each step's time.
+        disable_log_stats=True,
+        enable_logging_iteration_details=True,
         enable_log_requests=False,
     )
 
@@ -247,7 +250,7 @@ class VllmEngine(Engine):
         #: decode pools (workers/engines/vllm_kv_transfer.py).
         self.transfer = transfer
         self.supports_disaggregation = transfer is not None
-        #: vLLM's own counters (KV usage, prompt-token sources); recorded only with a transfer setup.
+        #: vLLM's own counters (KV usage, prompt-token sources), recorded every step.
         self.counters = EngineCounters()
         #: Exported prefills whose blocks vLLM may still hold for a read: until the decode worker's
         #: ``release_transfer`` or the lease's end.
@@ -276,7 +279,7 @@ class VllmEngine(Engine):
         try:
             self._llm = AsyncLLM.from_engine_args(
                 engine_args(self.model_path, self.settings, self._subscriber.endpoint, self.transfer),
-                stat_loggers=[recorder_factory(self.counters)] if self.transfer is not None else None,
+                stat_loggers=[recorder_factory(self.counters, lambda step: emit_step(self.on_step, step))],
             )
         except Exception as exc:
             self._subscriber.close()
@@ -443,7 +446,7 @@ class VllmEngine(Engine):
             else:
                 waiting += 1
             active += math.ceil((live.prompt_tokens + live.generated) / block)
-        if self.counters.kv_cache_usage is not None and (self._live or self._held):
+        if self.transfer is not None and self.counters.kv_cache_usage is not None and (self._live or self._held):
             # vLLM's own count, which sees blocks held for a transfer. It comes with engine steps:
             # with nothing live or held, the last one may predate an abort's release.
             active = math.ceil(self.counters.kv_cache_usage * self.info.kv_blocks - 1e-6)

@@ -1,8 +1,12 @@
-"""vLLM's own scheduler counters, kept for the worker (its load record, its usage accounting).
+"""vLLM's own scheduler counters, kept for the worker (its load record, its usage accounting, its
+metrics).
 
 vLLM hands every engine step's statistics to the stat loggers of its ``AsyncLLM`` (on the loop that
 drives it): :func:`recorder_factory` makes one that copies what Sluice needs into an
-:class:`EngineCounters`. The KV cache usage is vLLM's count of the blocks requests hold, including
+:class:`EngineCounters` and reports each step (its duration, prompt and decode tokens, preemptions:
+``workers.engines.base.StepStats``) to the engine's step observer. The step's duration is vLLM's
+"iteration details" (``enable_logging_iteration_details``: the time the engine core waited for the
+model's output). The KV cache usage is vLLM's count of the blocks requests hold, including
 a prefill's blocks held for a decode worker's read, which Sluice's own per-request estimate cannot
 see; the prompt-token sources say how much of the prompts the engine computed, found in its prefix
 cache, or read from another worker (disaggregation). vLLM calls these interfaces unstable: the
@@ -11,11 +15,14 @@ vLLM tests of the engine exercise them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase, StatLoggerFactory
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+from workers.engines.base import StepStats
 
 
 @dataclass(slots=True)
@@ -35,7 +42,8 @@ class EngineCounters:
     kv_read_descriptors: int = 0
     kv_read_failures: int = 0
 
-    def record(self, scheduler: SchedulerStats | None, iteration: IterationStats | None) -> None:
+    def record(self, scheduler: SchedulerStats | None, iteration: IterationStats | None) -> StepStats | None:
+        """Keep the counters; returns the step these statistics describe (None: none, nor any preemption)."""
         if scheduler is not None:
             self.kv_cache_usage = scheduler.kv_cache_usage
             if scheduler.kv_connector_stats:
@@ -45,6 +53,7 @@ class EngineCounters:
             self.prompt_computed += tokens.computed
             self.prompt_local_cache_hit += tokens.local_cache_hit
             self.prompt_transferred += tokens.external_kv_transfer
+        return step_of(scheduler, iteration)
 
     def _record_transfers(self, stats: dict) -> None:
         """``NixlKVConnectorStats.data``: per-transfer lists since the last step's report."""
@@ -57,8 +66,20 @@ class EngineCounters:
             len(stats.get("num_failed_handshakes") or ())
 
 
-def recorder_factory(counters: EngineCounters) -> StatLoggerFactory:
-    """A stat-logger class (vLLM instantiates it per engine) that records into ``counters``."""
+def step_of(scheduler: SchedulerStats | None, iteration: IterationStats | None) -> StepStats | None:
+    """The step a statistics report describes: its iteration details (None without them, or for a
+    data-parallel dummy step) and the preemptions the report counts."""
+    details = scheduler.iteration_details if scheduler is not None else None
+    preempted = iteration.num_preempted_reqs if iteration is not None else 0
+    if details is None or details.is_dummy:
+        return StepStats(None, preemptions=preempted) if preempted else None
+    return StepStats(details.elapsed_ms / 1000.0, prefill_tokens=details.num_ctx_tokens,
+                     decode_tokens=details.num_generation_tokens, preemptions=preempted)
+
+
+def recorder_factory(counters: EngineCounters, on_step: Callable[[StepStats], None]) -> StatLoggerFactory:
+    """A stat-logger class (vLLM instantiates it per engine) that records into ``counters`` and hands
+    each step to ``on_step``."""
 
     class _Recorder(StatLoggerBase):
         def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
@@ -66,7 +87,9 @@ def recorder_factory(counters: EngineCounters) -> StatLoggerFactory:
 
         def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None,
                    mm_cache_stats: object = None, engine_idx: int = 0) -> None:
-            self.counters.record(scheduler_stats, iteration_stats)
+            step = self.counters.record(scheduler_stats, iteration_stats)
+            if step is not None:
+                on_step(step)
 
         def log_engine_initialized(self) -> None:
             pass

@@ -1,0 +1,110 @@
+"""``sluice status`` (sluice/status.py): the machine-readable form and the screen, from a snapshot."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from rich.console import Console
+
+from router.cluster import ClusterSnapshot
+from router.frontends import FrontendRecord, LiveFrontend
+from router.registry import LiveWorker, WorkerLoad
+from sluice import cli
+from sluice.status import fmt_kv, fmt_seconds, render, status_json
+from tests.router.factories import make_record
+
+NOW = 1_000_000.0
+
+
+def worker(wid: str, pool: str = "agg", model: str = "m", **load: object) -> LiveWorker:
+    record = dataclasses.replace(make_record(wid, 0, model=model), pool=pool, pool_queue=f"q.{model}.{pool}",
+                                 started_at=NOW - 120, metrics_url=f"http://127.0.0.1:91{len(wid)}/metrics")
+    return LiveWorker(record=record, load=WorkerLoad(**{"total_blocks": 1000, "updated_at": NOW - 0.5, **load}),
+                      lease_expires_at=NOW + 2.5)
+
+
+def snapshot() -> ClusterSnapshot:
+    return ClusterSnapshot(
+        namespace="prod", taken_at=NOW,
+        workers=[worker("w1", running=3, waiting=1, active_blocks=250, tokens_per_s=41.26),
+                 worker("w2", draining=True), worker("p1", pool="prefill")],
+        frontends=[LiveFrontend(FrontendRecord(frontend_id="f1", url="http://fe:8000", metrics_url="http://fe:8000/metrics",
+                                               router_mode="kv", started_at=NOW - 7200, in_flight=4,
+                                               updated_at=NOW - 0.2), lease_expires_at=NOW + 4.8)],
+        queue_messages={"q.m.agg": 5, "q.w1": 2, "q.w2": 0, "q.m.prefill": 1, "q.p1": 0},
+        index_blocks={"w1": 120, "w2": 7, "p1": 30})
+
+
+def test_the_json_form_lists_models_pools_workers_and_frontends() -> None:
+    status = status_json(snapshot())
+    assert status["namespace"] == "prod" and status["router_modes"] == ["kv"] and status["in_flight"] == 4
+    assert status["models"] == [{"model": "m", "workers": 3, "running": 3, "waiting": 1, "queued": 8,
+                                 "index_blocks": 157,
+                                 "pools": {"agg": {"workers": 2, "queue_messages": 5},
+                                           "prefill": {"workers": 1, "queue_messages": 1}}}]
+    w1 = status["workers"][0]
+    assert w1 == {
+        "worker_id": "w1", "model": "m", "pool": "agg", "engine": "mocker", "state": "live",
+        "metrics_url": "http://127.0.0.1:912/metrics", "queue": "q.w1", "slot": 0, "running": 3, "waiting": 1,
+        "kv_blocks_used": 250, "kv_blocks_total": 1000, "kv_usage": 0.25, "index_blocks": 120, "queue_messages": 2,
+        "tokens_per_s": 41.26, "kv_resyncs": 0, "heartbeat_age_s": 0.5, "lease_expires_in_s": 2.5, "uptime_s": 120.0}
+    assert [w["state"] for w in status["workers"]] == ["live", "draining", "live"]
+    assert status["frontends"] == [{"frontend_id": "f1", "url": "http://fe:8000", "metrics_url": "http://fe:8000/metrics",
+                                    "router_mode": "kv", "in_flight": 4, "heartbeat_age_s": 0.2,
+                                    "lease_expires_in_s": 4.8, "uptime_s": 7200.0}]
+
+
+def test_an_empty_namespace() -> None:
+    status = status_json(ClusterSnapshot("ns", NOW, [], [], {}, {}))
+    assert status == {"namespace": "ns", "taken_at": NOW, "router_modes": [], "in_flight": 0, "models": [],
+                      "workers": [], "frontends": []}
+    text = screen(status, 100)
+    assert "No live worker." in text and "No live frontend." in text
+
+
+def screen(status: dict, width: int, wide: bool = False) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(render(status, wide=wide))
+    return console.export_text()
+
+
+def test_the_screen_fits_an_80_column_terminal_and_says_what_matters() -> None:
+    text = screen(status_json(snapshot()), 80)
+    assert "…" not in text, text
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "Sluice prod at " in text and "frontends 1 | workers 3 | in flight 4 | routing kv" in text
+    w1 = next(line for line in text.splitlines() if line.lstrip().startswith("w1"))
+    assert w1.split() == ["w1", "agg", "live", "3", "1", "250", "25%", "120", "2", "41.3", "0.5s"]
+    assert "draining" in text and "agg:2 prefill:1" in text
+    assert "http://fe:8000" in text and "2.0h" in text
+    assert "127.0.0.1:912" not in text  # the metrics URLs need a wide terminal
+
+
+def test_a_wide_screen_shows_the_metrics_urls_and_several_models_a_model_column() -> None:
+    snap = snapshot()
+    snap = dataclasses.replace(snap, workers=[*snap.workers, worker("x1", model="other")])
+    text = screen(status_json(snap), 160, wide=True)
+    assert "http://127.0.0.1:912/metrics" in text
+    x1 = next(line for line in text.splitlines() if line.lstrip().startswith("x1"))
+    assert x1.split()[:3] == ["x1", "other", "agg"]
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(None, "-"), (0.25, "0.2s"), (59.9, "59.9s"), (90, "2m"), (7200, "2.0h")])
+def test_fmt_seconds(seconds: float | None, text: str) -> None:
+    assert fmt_seconds(seconds) == text
+
+
+def test_fmt_kv() -> None:
+    assert fmt_kv(250, 1000) == "250 25%"
+    assert fmt_kv(3, 0) == "3"
+
+
+def test_watch_takes_an_optional_positive_interval() -> None:
+    parser = cli.build_parser()
+    assert parser.parse_args(["status"]).watch is None
+    assert parser.parse_args(["status", "--watch"]).watch == 2.0
+    assert parser.parse_args(["status", "--watch", "0.5", "--json"]).watch == 0.5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["status", "--watch", "0"])
+    assert parser.parse_args(["prometheus-targets", "--watch"]).watch == 15.0
