@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from core.keys import Keys, broker_queue_lists
+from core.keys import Keys
 from router.cluster import ClusterReader
 from router.frontends import FrontendRecord, FrontendRegistry
 from router.queues import queue_depths, queue_list_keys
@@ -40,7 +40,8 @@ async def queues_cleanup(aredis: aioredis.Redis, keys: Keys) -> AsyncIterator[No
 
 
 def test_a_queue_is_every_priority_list_kombu_keeps() -> None:
-    assert queue_list_keys(Keys("ns"), "sluice.ns.m.agg") == broker_queue_lists("sluice.ns.m.agg")
+    assert queue_list_keys(Keys("ns"), "sluice.ns.m.agg") == Keys("ns").broker_queue_lists("sluice.ns.m.agg")
+    assert queue_list_keys(Keys("ns"), "sluice.ns.m.agg")[0] == "sluice:ns:celery:sluice.ns.m.agg"
 
 
 async def test_queue_depths_sum_the_priority_lists_in_one_round_trip(counter: RoundTripCounter, keys: Keys,
