@@ -40,6 +40,7 @@ POOLS: tuple[str, ...] = get_args(PoolKind)
 CUSTOM_KINDS = {
     ("keda.sh/v1alpha1", "ScaledObject"): ("cloudcoil.models.keda.v1alpha1", "ScaledObject"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("cloudcoil.models.prometheus_operator.v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"): ("cloudcoil.models.prometheus_operator.v1", "PodMonitor"),
 }
 #: uvicorn's own backstop past the frontend's drain (sluice/cli.py, _serve).
 UVICORN_BACKSTOP_S = 5
@@ -143,7 +144,7 @@ def _difference(given: Any, kept: Any, path: str = "") -> list[str]:
 
 def test_custom_resources_match_their_crds(overlay: str) -> None:
     custom = [m for m in render(overlay) if (m["apiVersion"], m["kind"]) in CUSTOM_KINDS]
-    assert {m["kind"] for m in custom} == {"ScaledObject", "ServiceMonitor"}
+    assert {m["kind"] for m in custom} == {"ScaledObject", "ServiceMonitor", "PodMonitor"}
     assert {m["metadata"]["name"]: custom_resource_errors(m) for m in custom} == {m["metadata"]["name"]: [] for m in custom}
 
 
@@ -210,7 +211,7 @@ def test_frontend_ready_alive_drained_and_scraped(overlay: str, monkeypatch: pyt
     service = of_kind(manifests, "Service")["frontend"]
     assert service["spec"]["selector"] == frontend["spec"]["template"]["metadata"]["labels"]
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
-    (monitor,) = of_kind(manifests, "ServiceMonitor").values()
+    (monitor,) = of_kind(manifests, "ServiceMonitor").values()  # the frontend's; the workers' is a PodMonitor
     labels = service["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]] == [("http", "/metrics")]
@@ -301,3 +302,23 @@ def test_renderer_refuses_what_it_does_not_implement(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources: []\ncommonLabels: {a: b}\n")
     with pytest.raises(kustomize_lite.UnsupportedKustomization):
         kustomize_lite.build(tmp_path)
+
+
+def test_every_worker_serves_its_metrics_where_the_pod_monitor_scrapes(overlay: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers listen on a fixed port of the pod's address and register the pod's IP; the PodMonitor
+    selects every worker pod and scrapes that port by name."""
+    manifests = render(overlay)
+    (monitor,) = of_kind(manifests, "PodMonitor").values()
+    [(port_name, path)] = [(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]]
+    assert path == "/metrics"
+    for pool in POOLS:
+        worker = of_kind(manifests, "Deployment")[f"worker-{pool}"]
+        labels = worker["spec"]["template"]["metadata"]["labels"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        (container,) = [c for c in pod_spec(worker)["containers"] if c["name"] == "worker"]
+        settings = settings_of(manifests, container, monkeypatch)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports[port_name] == settings.worker.metrics_port and settings.worker.metrics_host == "0.0.0.0"
+        (advertised,) = [e for e in container["env"] if e["name"] == "SLUICE_WORKER__METRICS_ADVERTISE_HOST"]
+        assert advertised["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
