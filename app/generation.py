@@ -143,7 +143,7 @@ class Generation:
         self._t_first: float | None = None
         #: When the last tokens arrived (monotonic): each gap to the next is inter-token latency.
         self._t_last: float | None = None
-        self._itl = rt.metrics.itl.labels(spec.model)
+        self._itl = rt.metrics.child(rt.metrics.itl, spec.model)
         self._started_at: float | None = None
         self._deadline = self._wall0 + rt.settings.frontend.request_timeout_s
         self._done = False
@@ -308,7 +308,7 @@ class Generation:
                 self._started_at = self._stream.started_at
             if not self._queue_timed and self._stream.started_at is not None:
                 self._queue_timed = True
-                self.rt.metrics.queue_time.labels(self.spec.model).observe(
+                self.rt.metrics.child(self.rt.metrics.queue_time, self.spec.model).observe(
                     max(0.0, self._stream.started_at - self._enqueued_at))
             token_ids: list[int] = []
             last = None

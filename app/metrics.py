@@ -9,9 +9,11 @@ Label sets stay bounded: ``model``, ``mode``, error types and pools come from sm
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.exceptions
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from core.errors import SluiceError
 from router.cluster import ClusterSnapshot
@@ -85,36 +87,43 @@ class FrontendMetrics:
                                 ["model", "pool"], registry=r)
         self.worker_queue = Gauge("sluice_worker_queue_messages", "Tasks waiting in a live worker's own Celery "
                                   "queue", ["worker"], registry=r)
-        self._pick_series: set[tuple[str, str, str]] = set()
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: MetricWrapperBase, *labels: str) -> Any:  # noqa: ANN401 - the metric's own child type
+        """``metric.labels(*labels)``, looked up once: ``labels`` validates and locks on every call, which
+        the request path would pay a few times per request."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def observe_finished(self, model: str, finish_reason: str | None, error_type: str | None,
                          ttft_s: float | None, total_s: float, completion_tokens: int,
                          prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
         outcome = "error" if error_type else (finish_reason or "unknown")
-        self.requests.labels(model, outcome).inc()
+        self.child(self.requests, model, outcome).inc()
         if error_type:
-            self.errors.labels(model, error_type).inc()
+            self.child(self.errors, model, error_type).inc()
         if ttft_s is not None:
-            self.ttft.labels(model).observe(ttft_s)
-        self.duration.labels(model).observe(total_s)
-        self.tokens.labels(model).inc(completion_tokens)
-        self.input_tokens.labels(model).inc(prompt_tokens)
-        self.cached_tokens.labels(model).inc(cached_tokens)
+            self.child(self.ttft, model).observe(ttft_s)
+        self.child(self.duration, model).observe(total_s)
+        self.child(self.tokens, model).inc(completion_tokens)
+        self.child(self.input_tokens, model).inc(prompt_tokens)
+        self.child(self.cached_tokens, model).inc(cached_tokens)
 
     def observe_refused(self, model: str, error_type: str) -> None:
         """A request refused before any worker took it (admission, rate limits, routing)."""
-        self.requests.labels(model, "error").inc()
-        self.errors.labels(model, error_type).inc()
+        self.child(self.requests, model, "error").inc()
+        self.child(self.errors, model, error_type).inc()
 
     def observe_decision(self, model: str, mode: str, worker_id: str | None, seconds: float,
                          overlap_ratio: float | None) -> None:
         """One routing decision; ``overlap_ratio`` only for kv decisions."""
-        self.decision_time.labels(mode).observe(seconds)
-        series = (model, worker_id or ANY_WORKER, mode)
-        self.picks.labels(*series).inc()
-        self._pick_series.add(series)
+        self.child(self.decision_time, mode).observe(seconds)
+        self.child(self.picks, model, worker_id or ANY_WORKER, mode).inc()
         if overlap_ratio is not None:
-            self.overlap_ratio.labels(model).observe(overlap_ratio)
+            self.child(self.overlap_ratio, model).observe(overlap_ratio)
 
     def observe_cluster(self, snapshot: ClusterSnapshot | None) -> None:
         """Set the gauges read from Redis (None: Redis did not answer; they are left out rather than stale),
@@ -133,6 +142,6 @@ class FrontendMetrics:
         for model, blocks in index.items():
             self.index_blocks.labels(model).set(blocks)
         live = {w.record.worker_id for w in snapshot.workers} | {ANY_WORKER}
-        for series in [s for s in self._pick_series if s[1] not in live]:
-            self.picks.remove(*series)
-            self._pick_series.discard(series)
+        for key in [k for k in self._children if k[0] is self.picks and k[1][1] not in live]:
+            self.picks.remove(*key[1])
+            del self._children[key]

@@ -22,6 +22,7 @@ import openai
 import psutil
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from core.keys import Keys
 from sluice.devstack import Stack, wait_until
@@ -233,6 +234,30 @@ def _engine_core(worker_pid: int) -> psutil.Process:
         if "EngineCore" in described:
             return child
     raise AssertionError(f"no vLLM engine core under worker {worker_pid}")
+
+
+def test_the_vllm_worker_serves_its_metrics_found_through_the_discovery(vllm_stack: Stack, client: openai.OpenAI) -> None:
+    client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
+    groups = httpx.get(f"{vllm_stack.base_url}/prometheus/targets", timeout=10).json()
+    [worker] = [g for g in groups if g["labels"]["component"] == "worker"]
+    assert (worker["labels"]["worker"], worker["labels"]["engine"]) == (WORKER, "vllm")
+    url = f"http://{worker['targets'][0]}{worker['labels']['__metrics_path__']}"
+
+    def sample(name: str, **labels: str) -> float:
+        for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+            for s in family.samples:
+                if s.name == name and s.labels == labels:
+                    return s.value
+        raise KeyError(name)
+
+    wait_until(lambda: sample("sluice_worker_kv_blocks_capacity") > 0, 10, "a heartbeat to set the gauges")
+    # vLLM's iteration details, through Sluice's stat logger: every step timed, by phase.
+    assert sample("sluice_worker_step_duration_seconds_count", phase="prefill") >= 1
+    assert sample("sluice_worker_step_duration_seconds_count", phase="decode") >= 1
+    assert sample("sluice_worker_step_duration_seconds_sum", phase="decode") > 0
+    assert sample("sluice_worker_generated_tokens_total") >= 8
+    assert sample("sluice_worker_prompt_tokens_total") > 0
+    assert sample("sluice_worker_kv_events_published_total", kind="stored") > 0
 
 
 def test_zz_engine_death_fails_in_flight_requests_and_deregisters_the_worker(
