@@ -8,7 +8,6 @@ costs milliseconds, not minutes."""
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 
@@ -30,6 +29,7 @@ from schemathesis.specs.openapi.checks import (
 
 from app.main import create_app
 from sluice.devstack import Stack
+from tests.chaos.support import own_stack
 
 MODEL = "smollm2"
 #: Examples per operation; the chat and completion operations, whose inputs are the richest, get more.
@@ -47,15 +47,8 @@ _statuses: Counter[tuple[str, int]] = Counter()
 
 @pytest.fixture(scope="module")
 def fuzz_stack(redis_server, tokenizer_dir) -> Iterator[Stack]:  # noqa: ANN001
-    s = Stack(redis_url=redis_server.url, namespace=f"fuzz{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
-              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1000"})
-    try:
-        s.start_worker("w1")
-        s.start_frontend()
-        s.wait_ready(MODEL, workers=1)
+    with own_stack(redis_server.url, tokenizer_dir, workers=("w1",), SLUICE_WORKER__MOCKER__SPEEDUP="1000") as s:
         yield s
-    finally:
-        s.stop()
 
 
 #: The document the frontend serves (built by the same code, in this process, so that the cases can be
