@@ -3,6 +3,9 @@
 
 The endpoint is prometheus_client's own HTTP server on a daemon thread, serving this registry only,
 on ``SLUICE_WORKER__METRICS_HOST``:``SLUICE_WORKER__METRICS_PORT`` (port 0: a free one; -1: none).
+It starts once the engine has (workers.signals): vLLM on CPU forks its engine core from the worker
+process, and a fork that copied the endpoint's socket and thread left the prefill worker's engine
+loop stalling for seconds (its lease lapsed mid-prefill in tests/e2e/test_vllm_disagg.py).
 Its URL is part of the worker's registration (``WorkerRecord.metrics_url``), which is how
 ``sluice status`` and the Prometheus discovery (router.discovery) find it. docs/metrics.md lists
 every metric.

@@ -1,8 +1,8 @@
 """Worker start-up and shut-down, wired to Celery's signals.
 
 * ``celeryd_after_setup``: turn off kombu's ack emulation (see below), pick the worker id (Celery's node name unless SLUICE_WORKER__WORKER_ID
-  is set), consume the pool queue and the worker's own queue, serve the worker's ``/metrics``
-  (workers.metrics), start the engine host (loading the model). A worker whose engine or metrics
+  is set), consume the pool queue and the worker's own queue, start the engine host (loading the
+  model), then serve the worker's ``/metrics`` (workers.metrics). A worker whose engine or metrics
   endpoint cannot start exits with a clear message and never registers.
 * ``worker_ready``: the consumer is up, so register under a lease (routers may now pick us).
 * ``worker_shutting_down`` (SIGTERM: Celery's warm shutdown begins): drain. The load record says
@@ -60,18 +60,21 @@ def _start_engine(sender: str, instance, **_: object) -> None:  # type: ignore[n
              "(it does not support disaggregated prefill)")
     host = EngineHost(settings, engine, identity)
     try:
-        host.serve_metrics()
-    except OSError as exc:
-        _die(f"cannot serve /metrics on {settings.worker.metrics_host}:{settings.worker.metrics_port} "
-             f"(SLUICE_WORKER__METRICS_HOST / SLUICE_WORKER__METRICS_PORT; port 0 picks a free one, -1 serves "
-             f"none): {exc}")
-    try:
         host.start()
     except EngineStartError as exc:
         _die(f"engine {settings.worker.engine!r} failed to start: {exc}")
     except Exception as exc:  # noqa: BLE001 - anything else at start-up is just as fatal
         log.exception("engine start failed")
         _die(f"engine {settings.worker.engine!r} failed to start: {type(exc).__name__}: {exc}")
+    # After the engine: vLLM forks its engine core from this process, which must not copy the
+    # endpoint's listening socket and thread into it.
+    try:
+        host.serve_metrics()
+    except OSError as exc:
+        host.stop()
+        _die(f"cannot serve /metrics on {settings.worker.metrics_host}:{settings.worker.metrics_port} "
+             f"(SLUICE_WORKER__METRICS_HOST / SLUICE_WORKER__METRICS_PORT; port 0 picks a free one, -1 serves "
+             f"none): {exc}")
     RUNTIME.host = host
 
 
