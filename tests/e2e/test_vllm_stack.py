@@ -255,8 +255,10 @@ def test_the_vllm_worker_serves_its_metrics_found_through_the_discovery(vllm_sta
         raise KeyError(name)
 
     wait_until(lambda: sample("sluice_worker_kv_blocks_capacity") > 0, 10, "a heartbeat to set the gauges")
-    # (Step times come from vLLM's iteration details, recorded on prefill and decode workers only:
-    # workers/engines/vllm_engine.py, engine_args.)
+    # vLLM's iteration details, through Sluice's stat logger: every step timed, by phase.
+    assert sample("sluice_worker_step_duration_seconds_count", phase="prefill") >= 1
+    assert sample("sluice_worker_step_duration_seconds_count", phase="decode") >= 1
+    assert sample("sluice_worker_step_duration_seconds_sum", phase="decode") > 0
     assert sample("sluice_worker_generated_tokens_total") >= 8
     assert sample("sluice_worker_prompt_tokens_total") > 0
     assert sample("sluice_worker_kv_events_published_total", kind="stored") > 0

@@ -222,12 +222,10 @@ def engine_args(model_path: Path, settings: VllmSettings, kv_endpoint: str,
         kv_cache_memory_bytes=int(settings.kv_cache_gib * _GIB) if on_cpu else None,
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic="kv"),
         kv_transfer_config=transfer_config(transfer, on_cpu) if transfer is not None else None,
-        # Scheduler statistics (workers.engines.vllm_stats), with each step's time from the iteration
-        # details, only where the KV moves between workers (prefill and decode pools): turned on for
-        # aggregated workers, the worker's heartbeat came late under a loaded CPU often enough to
-        # lose its lease (seen in the vLLM suite), so their step times stay unmeasured for now.
-        disable_log_stats=transfer is None,
-        enable_logging_iteration_details=transfer is not None,
+        # Scheduler statistics go to Sluice's recorder alone (workers.engines.vllm_stats), which turns
+        # them on; vLLM's own periodic log lines stay off, and iteration details give each step's time.
+        disable_log_stats=True,
+        enable_logging_iteration_details=True,
         enable_log_requests=False,
     )
 
