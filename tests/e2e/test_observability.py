@@ -66,6 +66,8 @@ def _up_targets(prometheus: str) -> dict[str, str]:
         r = httpx.get(f"{prometheus}/api/v1/targets", timeout=5)
     except httpx.HTTPError:
         return {}
+    if r.status_code != 200:  # Prometheus answers 503 until it has started
+        return {}
     return {t["labels"].get("worker") or t["labels"].get("component", "?"): t["health"]
             for t in r.json()["data"]["activeTargets"]}
 

@@ -26,8 +26,10 @@ async def _register(registry: Registry, worker_id: str, ttl_s: float):  # type: 
 
 
 async def test_expired_worker_is_purged_and_its_slot_comes_back_clean(registry: Registry, index: PrefixIndex) -> None:
-    dead = await _register(registry, "dead", ttl_s=0.3)
+    # The live worker first: registered after a 0.3 s lease ran out (a slow machine), it would take
+    # the dead worker's slot, which is another test's case (test_slot_taken_before_the_reaper_ran).
     alive = await _register(registry, "alive", ttl_s=60)
+    dead = await _register(registry, "dead", ttl_s=0.3)
     await index.resync("dead", dead.slot, "m", CHAIN, 0)
     await index.resync("alive", alive.slot, "m", CHAIN[:2], 0)
 
