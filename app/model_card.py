@@ -34,6 +34,11 @@ def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+    """Templates' ``tojson`` as Hugging Face renders it: plain JSON, not Jinja's HTML-escaped one."""
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
 @dataclass
 class ModelCard:
     name: str
@@ -55,6 +60,9 @@ class ModelCard:
     #: The sampling the model's ``generation_config.json`` recommends (``temperature``, ``top_p``, ...):
     #: what a request that leaves those fields out gets, as vLLM does (``--generation-config auto``).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    #: The chat template's source: which tool-call and reasoning formats the model speaks is read
+    #: from it (app.tool_prompt, app.chat_output).
+    template_source: str = ""
 
     @classmethod
     def load(cls, name: str, path: Path, created: int = 0, context_length: int | None = None) -> ModelCard:
@@ -71,6 +79,7 @@ class ModelCard:
         if template_src:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
+            env.filters["tojson"] = _tojson
             template = env.from_string(template_src)
         context = context_length or int(cfg.get("max_position_embeddings") or tok_cfg.get("model_max_length") or 8192)
         special = frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
@@ -78,7 +87,7 @@ class ModelCard:
                    bos_token=_token_text(tok_cfg.get("bos_token")), eos_token=_token_text(tok_cfg.get("eos_token")),
                    chat_template=template, created=created, special_ids=special,
                    max_token_chars=max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1),
-                   sampling_defaults=sampling_defaults(gen_cfg))
+                   sampling_defaults=sampling_defaults(gen_cfg), template_source=template_src or "")
 
     @property
     def vocab_size(self) -> int:
@@ -92,12 +101,19 @@ class ModelCard:
         at least ``c / max_token_chars`` tokens. Longer text need not be tokenized to be refused."""
         return (self.context_length - 1) * self.max_token_chars
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    @property
+    def template_takes_tools(self) -> bool:
+        """The chat template renders ``tools`` itself (else app.tool_prompt writes them into the messages)."""
+        return "tools" in self.template_source
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> str:
         if self.chat_template is None:
             raise InvalidRequest(f"model {self.name!r} has no chat template; use /v1/completions", param="messages")
+        extra = {"tools": tools} if tools else {}
         try:
             return self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                                             bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
         except jinja2.TemplateError as exc:
             raise InvalidRequest(f"the chat template rejected the messages: {exc}", param="messages") from exc
 

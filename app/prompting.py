@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 from app.model_card import ModelCard
-from app.protocol.chat import ChatCompletionRequest, message_text
+from app.protocol.chat import ChatCompletionRequest
 from app.protocol.tokenize import TokenizeChatRequest
+from app.tool_prompt import inline_tools, template_messages
 from core.errors import ContextLengthExceeded, InvalidRequest
 
 #: Inputs longer than this (characters) are rendered and tokenized in a thread, off the event loop...
@@ -43,8 +45,9 @@ def check_tokens(card: ModelCard, tokens: int, param: str) -> None:
                                     f"the prompt has {tokens} tokens.", param=param)
 
 
-def _chat_ids(card: ModelCard, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-    text = card.render_chat(messages, add_generation_prompt=add_generation_prompt)
+def _chat_ids(card: ModelCard, messages: list[dict[str, Any]], add_generation_prompt: bool,
+              tools: list[dict[str, Any]] | None) -> list[int]:
+    text = card.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
     check_chars(card, len(text), CHAT_PARAM)
     ids = card.encode(text, add_special_tokens=False)
     check_tokens(card, len(ids), CHAT_PARAM)
@@ -59,13 +62,19 @@ def _text_ids(card: ModelCard, text: str) -> list[int]:
     return ids
 
 
-async def chat_prompt_ids(card: ModelCard, body: ChatCompletionRequest | TokenizeChatRequest) -> list[int]:
-    messages = [{"role": m["role"], "content": message_text(m)} for m in body.messages]
-    chars = sum(len(m["content"]) for m in messages)
+async def chat_prompt_ids(card: ModelCard, body: ChatCompletionRequest | TokenizeChatRequest,
+                          tool_format: str = "hermes") -> list[int]:
+    """The prompt of a chat; its tools (and tool messages) rendered by the template when it takes
+    them, else written into the messages in ``tool_format`` (app.tool_prompt)."""
+    messages = template_messages(body.messages)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    if not card.template_takes_tools and (tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)):
+        messages, tools = inline_tools(messages, tools, tool_format), None
+    chars = sum(len(m["content"]) for m in messages) + (sum(len(str(t)) for t in tools) if tools else 0)
     check_chars(card, chars, CHAT_PARAM)
     if chars <= _INLINE_MAX_CHARS and len(messages) <= _INLINE_MAX_MESSAGES:
-        return _chat_ids(card, messages, body.add_generation_prompt)
-    return await asyncio.to_thread(_chat_ids, card, messages, body.add_generation_prompt)
+        return _chat_ids(card, messages, body.add_generation_prompt, tools)
+    return await asyncio.to_thread(_chat_ids, card, messages, body.add_generation_prompt, tools)
 
 
 async def completion_prompt_ids(card: ModelCard, prompt: str | list[int]) -> list[int]:

@@ -1,6 +1,7 @@
 """A request's output constraint, from whichever field names it: OpenAI's ``response_format``
 (``json_object``, ``json_schema``), vLLM's ``structured_outputs`` or its older ``guided_json``,
-``guided_regex``, ``guided_choice``, ``guided_grammar``. At most one may be given. Engines that
+``guided_regex``, ``guided_choice``, ``guided_grammar``, or a chat's ``tool_choice`` ``required`` or
+named (app.tool_choice). At most one may be given. Engines that
 constrain output say so (core.messages.STRUCTURED_OUTPUTS); a request for one that the model's
 workers cannot honour is a 400 naming their engine, never a silently free-form answer."""
 
@@ -11,8 +12,10 @@ from typing import Any
 
 import orjson
 
+from app.protocol.chat import ChatCompletionRequest
 from app.protocol.common import SamplingFields
 from app.protocol.structured import ResponseFormat
+from app.tool_choice import tool_constraint
 from core.errors import InvalidRequest
 from core.messages import STRUCTURED_OUTPUTS, StructuredOutput
 from router.registry import LiveWorker
@@ -31,6 +34,10 @@ def _schema_text(schema: dict[str, Any] | str, param: str) -> str:
 
 def structured_from(body: SamplingFields) -> StructuredOutput | None:
     found: list[tuple[str, StructuredOutput]] = []
+    if isinstance(body, ChatCompletionRequest):
+        tools = tool_constraint(body)
+        if tools is not None:
+            found.append(("tool_choice", tools))
     response_format: ResponseFormat | None = getattr(body, "response_format", None)
     if response_format is not None and response_format.type == "json_object":
         found.append(("response_format", StructuredOutput(json_object=True)))
@@ -77,6 +84,8 @@ def check_engines(structured: StructuredOutput | None, workers: Sequence[LiveWor
 
 def constraint_param(body: SamplingFields) -> str:
     """The field that named the request's constraint, for errors."""
+    if isinstance(body, ChatCompletionRequest) and tool_constraint(body) is not None:
+        return "tool_choice"
     for name in ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
                  "guided_grammar"):
         value = getattr(body, name, None)

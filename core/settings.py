@@ -47,6 +47,8 @@ class MockerSettings(BaseModel):
     #: bandwidth; 2 x 30 layers x 3 heads x 64 dims x 2 bytes x 16 tokens: SmolLM2-135M in bf16.
     kv_bytes_per_block: int = Field(737_280, ge=1)
     transfer_gb_per_s: float = Field(1.4, gt=0)
+    #: Scripted outputs (workers/engines/mocker_script.py): a JSON file of ``{"match", "output"}``.
+    script: Path | None = None
 
 
 class VllmSettings(BaseModel):
@@ -154,6 +156,11 @@ class FrontendSettings(BaseModel):
                                     "repetition_penalty"], float] = Field(default_factory=dict)
     #: The most choices (``n``) one request may ask for.
     max_n: int = Field(16, ge=1)
+    #: Tool-call parser per model (``hermes``, ``llama3_json``, ``pythonic``); a model not named
+    #: here gets the one its chat template implies (app.parser_choice).
+    tool_parsers: dict[str, Literal["hermes", "llama3_json", "pythonic"]] = Field(default_factory=dict)
+    #: Reasoning parser per model (``think``, ``deepseek_r1``, ``none``); unnamed: from its template.
+    reasoning_parsers: dict[str, Literal["think", "deepseek_r1", "none"]] = Field(default_factory=dict)
     #: How many times one request may move to another worker after its worker was lost (its lease
     #: expired), continuing from the tokens already streamed; 0 turns migration off.
     max_migrations: int = Field(3, ge=0)

@@ -1,5 +1,6 @@
-"""``POST /v1/chat/completions``: the chat template renders the messages; the reply is one assistant
-message, streamed as deltas that open with the assistant's role."""
+"""``POST /v1/chat/completions``: the chat template renders the messages (and tools); the reply is
+one assistant message per choice, streamed as deltas that open with the assistant's role. Its text
+is shaped into reasoning, content and tool calls by app.chat_output."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from starlette.responses import Response
 from app.api.deps import CallerDep, RuntimeDep
 from app.api.openapi import STREAM_RESPONSE, error_responses
 from app.api.serving import Endpoint, serve
+from app.chat_output import ChoiceShaper, OutputPlan, output_plan, whole_message
+from app.chat_output import finish_reason as finish_reason_of
 from app.logprobs import Entries, chat_logprobs
 from app.model_card import ModelCard
+from app.parser_choice import tool_parser_name
 from app.prompting import chat_prompt_ids
 from app.protocol.chat import (
     ChatChoice,
@@ -19,9 +23,10 @@ from app.protocol.chat import (
     ChatCompletionRequest,
     ChunkChoice,
     Delta,
-    ResponseMessage,
+    check_tools,
 )
 from app.protocol.logprobs import ChatLogprobs
+from core.settings import FrontendSettings
 
 router = APIRouter()
 
@@ -32,10 +37,20 @@ class Chat(Endpoint):
     response = ChatCompletion
 
     def __init__(self, body: ChatCompletionRequest) -> None:
+        check_tools(body)
         self.body = body
+        self.plan = OutputPlan()
+        self.tool_format = "hermes"
+        #: Streaming: each choice's shaper, and the logprobs of text it holds back.
+        self._shapers: dict[int, ChoiceShaper] = {}
+        self._held_logprobs: dict[int, ChatLogprobs] = {}
+
+    def prepare(self, card: ModelCard, frontend: FrontendSettings) -> None:
+        self.plan = output_plan(self.body, card, frontend)
+        self.tool_format = tool_parser_name(card, frontend)
 
     async def prompt_ids(self, card: ModelCard) -> list[int]:
-        return await chat_prompt_ids(card, self.body)
+        return await chat_prompt_ids(card, self.body, self.tool_format)
 
     @property
     def max_tokens(self) -> int | None:
@@ -55,9 +70,45 @@ class Chat(Endpoint):
               logprobs: ChatLogprobs | None = None) -> ChunkChoice:
         return ChunkChoice(index, Delta(content=text), finish_reason, logprobs)
 
+    def _shaper(self, index: int) -> ChoiceShaper:
+        shaper = self._shapers.get(index)
+        if shaper is None:
+            shaper = self._shapers[index] = ChoiceShaper(self.plan)
+        return shaper
+
+    def _with_logprobs(self, index: int, deltas: list[Delta], logprobs: ChatLogprobs | None,
+                       finish_reason: str | None = None, end: bool = False) -> list[ChunkChoice]:
+        """The deltas as streamed choices; logprobs of text held back go out with the next delta."""
+        held = self._held_logprobs.pop(index, None)
+        if held is not None and logprobs is not None:
+            logprobs = ChatLogprobs(held.content + logprobs.content)
+        else:
+            logprobs = held or logprobs
+        if end:
+            return [ChunkChoice(index, d) for d in deltas] + [ChunkChoice(index, Delta(), finish_reason, logprobs)]
+        if not deltas:
+            if logprobs is not None:
+                self._held_logprobs[index] = logprobs
+            return []
+        return [ChunkChoice(index, deltas[0], None, logprobs)] + [ChunkChoice(index, d) for d in deltas[1:]]
+
+    def stream_text(self, index: int, text: str, logprobs: ChatLogprobs | None) -> list[ChunkChoice]:
+        if self.plan.plain:
+            return [self.delta(text, index=index, logprobs=logprobs)]
+        return self._with_logprobs(index, self._shaper(index).feed(text), logprobs)
+
+    def stream_end(self, index: int, finish_reason: str | None, logprobs: ChatLogprobs | None) -> list[ChunkChoice]:
+        if self.plan.plain:
+            return [self.delta(None, finish_reason, index, logprobs)]
+        shaper = self._shaper(index)
+        deltas = shaper.finish()
+        return self._with_logprobs(index, deltas, logprobs,
+                                   finish_reason_of(self.plan, finish_reason, shaper.called), end=True)
+
     def whole(self, text: str, finish_reason: str | None, index: int = 0,
               logprobs: ChatLogprobs | None = None) -> ChatChoice:
-        return ChatChoice(index, ResponseMessage("assistant", text), finish_reason, logprobs)
+        message, called = whole_message(self.plan, text)
+        return ChatChoice(index, message, finish_reason_of(self.plan, finish_reason, called), logprobs)
 
 
 @router.post("/v1/chat/completions", responses={**STREAM_RESPONSE, **error_responses(400, 401, 403, 404, 413, 429, 502, 503)})

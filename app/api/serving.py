@@ -74,6 +74,19 @@ class Endpoint(abc.ABC):
         """``entries`` in the endpoint's logprobs shape (``offset``: where their text starts in the choice)."""
         return None
 
+    def prepare(self, card: ModelCard, frontend: FrontendSettings) -> None:
+        """What the endpoint decides from the model card before the prompt is built (nothing by default)."""
+        return None
+
+    def stream_text(self, index: int, text: str, logprobs: Any | None) -> list[Any]:
+        """The streamed choices ``text`` of choice ``index`` makes (one delta unless the endpoint
+        shapes its text: then maybe none yet, or several)."""
+        return [self.delta(text, index=index, logprobs=logprobs)]
+
+    def stream_end(self, index: int, finish_reason: str | None, logprobs: Any | None) -> list[Any]:
+        """The streamed choices that end choice ``index``: what the endpoint still held, then the finish."""
+        return [self.delta(None, finish_reason, index, logprobs)]
+
     def opening(self, index: int = 0) -> Any | None:
         """Choice ``index`` streamed ahead of its first text, in the same write (None: nothing)."""
         return None
@@ -99,6 +112,7 @@ async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Pr
         raise InvalidRequest(f"n must be at most {rt.settings.frontend.max_n}", param="n")
     ep = endpoint(body)
     card = await rt.directory.card(body.model)
+    ep.prepare(card, rt.settings.frontend)
     prompt_ids = await ep.prompt_ids(card)
     choices = await start_choices(rt, request, body, card, principal, prompt_ids, ep.max_tokens, ep.logprobs)
     if body.stream:
@@ -140,11 +154,13 @@ async def _events(choices: Choices, ep: Endpoint, card: ModelCard, model: str,
                 lps = ep.format_logprobs(card, piece.logprobs, offsets[piece.index]) if piece.logprobs else None
                 if piece.text is not None:
                     offsets[piece.index] += len(piece.text)
-                    yield tail + head + chunk([ep.delta(piece.text, index=piece.index, logprobs=lps)])
+                    parts = ep.stream_text(piece.index, piece.text, lps)
+                    yield tail + head + b"".join(chunk([p]) for p in parts)
                     tail = b""
                 else:  # the choice's end: held back to go out with what follows it
                     gen = choices.generations[piece.index]
-                    tail += head + chunk([ep.delta(None, gen.finish_reason, piece.index, lps)])
+                    parts = ep.stream_end(piece.index, gen.finish_reason, lps)
+                    tail += head + b"".join(chunk([p]) for p in parts)
             if include_usage:
                 tail += chunk([], _usage(choices))
         except SluiceError as exc:

@@ -12,6 +12,7 @@ from starlette.responses import Response
 from app.api.deps import CallerDep, RuntimeDep
 from app.api.openapi import error_responses
 from app.model_card import ModelCard
+from app.parser_choice import tool_parser_name
 from app.prompting import chat_prompt_ids, check_chars, check_tokens
 from app.protocol.common import encode
 from app.protocol.tokenize import (
@@ -47,7 +48,7 @@ def _json(body: object) -> Response:
 async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, rt: RuntimeDep, _: CallerDep) -> Response:
     card = await _card(rt, body.model)
     if isinstance(body, TokenizeChatRequest):
-        ids = await chat_prompt_ids(card, body)
+        ids = await chat_prompt_ids(card, body, tool_parser_name(card, rt.settings.frontend))
     else:
         check_chars(card, len(body.prompt), "prompt")
         ids = await asyncio.to_thread(card.encode, body.prompt, add_special_tokens=body.add_special_tokens)

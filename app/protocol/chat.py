@@ -12,6 +12,8 @@ from app.protocol.common import SamplingFields, UsageInfo
 from app.protocol.fields import Flag, Text, TokenCount, valid_unicode
 from app.protocol.logprobs import ChatLogprobs
 from app.protocol.structured import ResponseFormat
+from app.protocol.tools import DeltaToolCall, MessageToolCall, ToolCall, ToolChoice, ToolDefinition
+from core.errors import InvalidRequest
 
 # Messages and their parts are TypedDicts, not models: validating one is several times cheaper,
 # and a body within the size limit may hold a hundred thousand of them.
@@ -47,6 +49,9 @@ class ChatMessage(TypedDict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: NotRequired[Content | None]
     name: NotRequired[Text | None]
+    #: An assistant message's calls, and a ``tool`` message's answer to one of them.
+    tool_calls: NotRequired[list[MessageToolCall] | None]
+    tool_call_id: NotRequired[Text | None]
 
 
 def message_text(message: ChatMessage) -> str:
@@ -58,31 +63,49 @@ def message_text(message: ChatMessage) -> str:
     return "".join(p["text"] for p in content)
 
 
+def check_tools(body: ChatCompletionRequest) -> None:
+    """A 400 for tools, a tool choice or tool messages that do not fit together."""
+    names = [t.function.name for t in body.tools or ()]
+    if len(set(names)) != len(names):
+        raise InvalidRequest("function names must be unique among the tools", param="tools")
+    choice = body.tool_choice
+    if choice == "required" and not names:
+        raise InvalidRequest("tool_choice 'required' needs tools", param="tool_choice")
+    if choice is not None and not isinstance(choice, str) and choice.function.name not in names:
+        raise InvalidRequest(f"tool_choice names function {choice.function.name!r}, which is not among the tools",
+                             param="tool_choice")
+    for i, m in enumerate(body.messages):
+        if m["role"] == "tool" and not m.get("tool_call_id"):
+            raise InvalidRequest("a tool message needs the tool_call_id it answers", param=f"messages.{i}.tool_call_id")
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
     logprobs: Flag | None = None
     top_logprobs: Annotated[int, Strict(), Field(ge=0, le=20)] | None = None
-    tools: list[Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: Flag | None = None
     response_format: ResponseFormat | None = None
     add_generation_prompt: Flag = True
 
     @model_validator(mode="after")
-    def _unsupported(self) -> ChatCompletionRequest:
+    def _consistent(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
-        if self.tools:
-            raise ValueError("tools are not supported")
         return self
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
 
-class ResponseMessage(msgspec.Struct):
+class ResponseMessage(msgspec.Struct, omit_defaults=True):
     role: str
-    content: str
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(msgspec.Struct):
@@ -105,6 +128,8 @@ class ChatCompletion(msgspec.Struct):
 class Delta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChunkChoice(msgspec.Struct):

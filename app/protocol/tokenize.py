@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.protocol.chat import ChatMessage
 from app.protocol.fields import Flag, NonEmptyText, Text, TokenId
+from app.protocol.tools import ToolDefinition
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -24,6 +25,7 @@ class TokenizeChatRequest(BaseModel):
     model: NonEmptyText | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     add_generation_prompt: Flag = True
+    tools: list[ToolDefinition] | None = None
     return_token_strs: Flag = False
 
 

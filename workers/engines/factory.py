@@ -38,9 +38,12 @@ def create_engine(settings: Settings) -> Engine:
     model_path = settings.resolved_model_path()
     if settings.worker.engine == "mocker":
         from workers.engines.mocker import MockerEngine
+        from workers.engines.mocker_script import MockerScript
 
-        return MockerEngine(settings.model, settings.worker.mocker, context_length=_context_length(model_path),
-                            kv_hold_s=settings.disagg.kv_hold_s)
+        mocker = settings.worker.mocker
+        script = MockerScript.load(mocker.script, model_path) if mocker.script else None
+        return MockerEngine(settings.model, mocker, context_length=_context_length(model_path),
+                            kv_hold_s=settings.disagg.kv_hold_s, script=script)
     if settings.worker.engine == "vllm":
         from workers.engines.vllm_engine import VllmEngine
         from workers.engines.vllm_kv_transfer import KvTransferSetup, free_port

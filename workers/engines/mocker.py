@@ -18,7 +18,9 @@ What it simulates, step by step, like vLLM's scheduler and Dynamo's mocker:
 * each step lasts the time :mod:`workers.engines.mocker_timing` gives it (Dynamo's published
   model); the scheduler sleeps until the step's end and only then hands out the step's tokens,
   so time to first token includes the prefill. With ``no_sleep`` steps take no simulated time;
-* tokens come from :mod:`workers.engines.mocker_tokens`, a hash of prompt, seed and position.
+* tokens come from :mod:`workers.engines.mocker_tokens`, a hash of prompt, seed and position;
+  with a script (``SLUICE_WORKER__MOCKER__SCRIPT``, :mod:`workers.engines.mocker_script`), a
+  prompt that matches an entry gets that entry's text instead.
 
 Errors: :meth:`MockerEngine.generate` raises (at its first ``__anext__``) a
 :class:`core.errors.InvalidRequest` for a bad request and :class:`core.errors.ContextLengthExceeded`
@@ -62,6 +64,7 @@ from workers.engines.base import (
     emit_step,
 )
 from workers.engines.mocker_kv import KvBlockManager
+from workers.engines.mocker_script import MockerScript
 from workers.engines.mocker_timing import step_ms
 from workers.engines.mocker_tokens import FIRST_TOKEN_ID, choose, finish_reason, stream_key
 
@@ -77,6 +80,11 @@ class _State(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     DONE = "done"  # finished computing, or aborted: holds no blocks
+
+
+def _certain(token: int, sampling: SamplingParams) -> TokenLogprob | None:
+    """A scripted token's logprobs: the script leaves no other choice."""
+    return None if sampling.logprobs is None else TokenLogprob(0.0, [(token, 0.0)][:sampling.logprobs])
 
 
 @dataclass(slots=True, eq=False)
@@ -111,6 +119,7 @@ class _Request:
     export: bool = False  # a prefill for a decode worker: hold the blocks at the end
     remote_tokens: int = 0  # prompt tokens whose KV is read from the prefill worker
     pulled: bool = False  # the read is done (the simulated transfer time has passed)
+    script: tuple[int, ...] | None = None  # a scripted output (workers.engines.mocker_script)
     transferred_tokens: int = 0
 
     @property
@@ -130,12 +139,13 @@ class MockerEngine(Engine):
     supports_disaggregation = True
 
     def __init__(self, model: str, settings: MockerSettings, context_length: int = 8192,
-                 *, kv_events: bool = True, kv_hold_s: float = 30.0) -> None:
+                 *, kv_events: bool = True, kv_hold_s: float = 30.0, script: MockerScript | None = None) -> None:
         #: False simulates an engine that reports nothing about its cache (the routers' approximate mode).
         self.publishes_kv_events = kv_events
         self.model = model
         self.settings = settings
         self.context_length = context_length
+        self.script = script
         #: The longest prompt + output a request may reach: the model's context, capped by the KV
         #: cache (a lone request must always fit, or preemption could never make room for it).
         self.max_model_len = min(context_length, settings.kv_blocks * settings.block_size)
@@ -276,6 +286,7 @@ class MockerEngine(Engine):
             key=stream_key(prompt[:prompt_len], sampling.temperature, seed), root=root,
             chain=block_hashes(prompt, self.settings.block_size, root), carried=request.carried_tokens,
             export=request.kv_export,
+            script=self.script.output_for(prompt[:prompt_len]) if self.script is not None else None,
         )
         self._live[req.request_id] = req
         handle = request.kv_handle
@@ -521,11 +532,18 @@ class MockerEngine(Engine):
             self._register_full_blocks(req, before, after)
         if req.num_computed < len(req.tokens):  # a prefill chunk short of the end
             return None
-        token, logprob = choose(req.key, len(req.tokens) - req.prompt_len, req.sampling, self.settings.vocab_size,
-                                req.tokens, req.prompt_len)
+        position = len(req.tokens) - req.prompt_len
+        if req.script is not None and position < len(req.script):
+            token, logprob = req.script[position], _certain(req.script[position], req.sampling)
+        else:
+            token, logprob = choose(req.key, position, req.sampling, self.settings.vocab_size,
+                                    req.tokens, req.prompt_len)
         req.tokens.append(token)
         reason = finish_reason(token, len(req.tokens) - req.prompt_len, len(req.tokens), req.sampling,
                                self.max_model_len)
+        if reason is None and req.script is not None and position + 1 == len(req.script) \
+                and not req.sampling.ignore_eos:
+            reason = "stop"  # the script's end, as a model's end-of-sequence token
         if reason is not None:
             del self._running[req.request_id]
             if req.export:
