@@ -47,7 +47,8 @@ def vllm_stack(redis_server) -> Iterator[Stack]:  # noqa: ANN001
         s.start_worker(WORKER)
         # The frontend is pointed at no model directory at all: its tokenizer and chat template
         # can only come from what the worker registers.
-        s.start_frontend(SLUICE_MODEL_PATH="/nonexistent/sluice-model")
+        s.start_frontend(SLUICE_MODEL_PATH="/nonexistent/sluice-model",
+                         SLUICE_FRONTEND__REASONING_PARSERS=json.dumps({MODEL: "think"}))
         s.wait_ready(MODEL, workers=1, timeout=START_TIMEOUT_S)
         yield s
     finally:
@@ -135,6 +136,91 @@ def test_structured_outputs_parse_and_validate(client: openai.OpenAI) -> None:
     digits = client.completions.create(model=MODEL, prompt="The year is", max_tokens=6, temperature=0,
                                        extra_body={"structured_outputs": {"regex": " [0-9]{4}"}})
     assert re.fullmatch(r" [0-9]{4}", digits.choices[0].text), digits.choices[0].text
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Rome"]},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Rome"]}},
+    "required": ["city"], "additionalProperties": False}}}
+WEATHER_Q = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+def _tool_schema(name: str) -> dict:
+    return next(t["function"]["parameters"] for t in (WEATHER, TIME) if t["function"]["name"] == name)
+
+
+def test_tool_choice_required_and_named_give_valid_calls(client: openai.OpenAI) -> None:
+    """``required`` and a named function are held to the tools' schemas by vLLM's structured outputs."""
+    import jsonschema
+
+    r = client.chat.completions.create(model=MODEL, messages=WEATHER_Q, tools=[WEATHER, TIME], tool_choice="required",
+                                       temperature=0, max_tokens=200)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.id.startswith("call_") and call.function.name in ("get_weather", "get_time")
+        jsonschema.validate(json.loads(call.function.arguments), _tool_schema(call.function.name))
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(model=MODEL, messages=WEATHER_Q, tools=[WEATHER, TIME],
+                                                tool_choice="required", temperature=0, max_tokens=200, stream=True):
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                call = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                call["name"] += tc.function.name or ""
+                call["arguments"] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \
+        [(t.function.name, json.loads(t.function.arguments)) for t in choice.message.tool_calls]
+
+    named = {"type": "function", "function": {"name": "get_time"}}
+    r = client.chat.completions.create(model=MODEL, messages=WEATHER_Q, tools=[WEATHER, TIME], tool_choice=named,
+                                       temperature=0, max_tokens=100)
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "get_time" and r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(call.function.arguments), _tool_schema("get_time"))
+
+
+def test_tool_choice_auto_answers_with_calls_or_text(client: openai.OpenAI) -> None:
+    """The small model decides for itself: whatever it answers is well formed, and its raw text
+    (``tool_choice: none``, same greedy request) parses to the same answer."""
+    from app.parsing.tool_calls import get_tool_parser
+
+    raw = client.chat.completions.create(model=MODEL, messages=WEATHER_Q, tools=[WEATHER, TIME], tool_choice="none",
+                                         temperature=0, max_tokens=120)
+    auto = client.chat.completions.create(model=MODEL, messages=WEATHER_Q, tools=[WEATHER, TIME], temperature=0,
+                                          max_tokens=120)
+    parsed = get_tool_parser("hermes").parse(raw.choices[0].message.content)
+    message = auto.choices[0].message
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []] == \
+        [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
+    assert (message.content or None) == parsed.content
+    assert auto.choices[0].finish_reason == ("tool_calls" if parsed.tool_calls and raw.choices[0].finish_reason == "stop"
+                                             else raw.choices[0].finish_reason)
+
+
+def test_reasoning_is_split_on_the_real_models_output(client: openai.OpenAI) -> None:
+    """The model is held to a thought then an answer (a regex constraint), and the reasoning parser
+    splits the two, whole and streamed."""
+    regex = {"structured_outputs": {"regex": "<think>[a-z ]{8,40}</think>[A-Z][a-z ]{4,30}[.]"}}
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=60,
+                                           extra_body=regex)
+    message = whole.choices[0].message
+    assert re.fullmatch(r"[a-z ]{8,40}", getattr(message, "reasoning_content", "") or ""), message
+    assert re.fullmatch(r"[A-Z][a-z ]{4,30}[.]", message.content or ""), message
+    reasoning, content = "", ""
+    for chunk in client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=60,
+                                                extra_body=regex, stream=True):
+        for c in chunk.choices:
+            reasoning += getattr(c.delta, "reasoning_content", None) or ""
+            content += c.delta.content or ""
+    assert (reasoning.strip(), content.strip()) == (message.reasoning_content, message.content)
 
 
 def test_streaming_gives_the_same_answer(client: openai.OpenAI) -> None:
