@@ -89,13 +89,31 @@ class WorkerDirectory:
         """The snapshot is older than ``limit_s``: Redis has not answered a refresh since."""
         return time.monotonic() - self.refreshed_at > limit_s
 
-    def workers_for(self, model: str) -> list[LiveWorker]:
+    def workers_for(self, model: str, lora: str | None = None) -> list[LiveWorker]:
+        """The workers that take requests for ``model`` (with the LoRA adapter ``lora`` loaded)."""
         workers = self.by_model.get(model)
+        if workers and lora is not None:
+            workers = [w for w in workers if w.load.has_lora(lora)]
+            if not workers:
+                raise NoWorkerAvailable(f"no worker has LoRA adapter {lora!r} loaded right now; retry shortly")
         if workers:
             return workers
         if model in self._known_models:
             raise NoWorkerAvailable(f"no worker is serving model {model!r} right now; retry shortly")
         raise ModelNotFound(f"the model {model!r} does not exist", param="model")
+
+    def adapters(self) -> dict[str, str]:
+        """Every LoRA adapter loaded on a live worker, and its base model."""
+        return {name: model for model, workers in self.by_model.items()
+                for w in workers for name in w.load.loras.split(",") if name}
+
+    def resolve(self, name: str) -> tuple[str, str | None]:
+        """A request's ``model``: a served model, ``(name, None)``, or a LoRA adapter, ``(its base
+        model, name)``. An unknown name is left to :meth:`workers_for` to refuse."""
+        if name in self.by_model:
+            return name, None
+        base = self.adapters().get(name)
+        return (base, name) if base is not None else (name, None)
 
     async def card(self, model: str) -> ModelCard:
         self.workers_for(model)

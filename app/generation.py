@@ -80,6 +80,8 @@ class GenerationSpec:
     user: str | None = None
     #: Whether the usage record charges the prompt (a request's later choices share the first's).
     charge_prompt: bool = True
+    #: The LoRA adapter of ``model`` the request names (app.lora); its workers are those that hold it.
+    lora: str | None = None
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, context_length: int, default: int,
@@ -156,7 +158,7 @@ class Generation:
 
     async def start(self) -> None:
         rt, spec = self.rt, self.spec
-        workers = rt.directory.workers_for(spec.model)
+        workers = rt.directory.workers_for(spec.model, spec.lora)
         mode = self._mode = spec.overrides.mode or rt.settings.router.mode
         prefill_workers = [w for w in workers if w.record.pool == "prefill"]
         workers = [w for w in workers if w.record.pool != "prefill"]
@@ -176,7 +178,7 @@ class Generation:
         disagg = self._disagg_mode()
         payload = GenerateRequest(request_id=self.request_id, model=spec.model, token_ids=spec.prompt_token_ids,
                                   sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline,
-                                  frontend_id=rt.frontend_id)
+                                  frontend_id=rt.frontend_id, lora=spec.lora)
         task = task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self.request_id,
                                   argsrepr=f"request {self.request_id}: {self.prompt_tokens} prompt tokens")
         # The stream is registered before anything can reach a worker (the kv policy enqueues as it
@@ -188,7 +190,7 @@ class Generation:
             if prefill_workers and disagg != "off":
                 # The decode worker first (no enqueue): whether its prefill goes remote depends on it.
                 decision = await self._choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
-                                                           overrides=spec.overrides), workers)
+                                                           spec.lora, overrides=spec.overrides), workers)
                 chosen = next(w for w in workers if w.record.worker_id == decision.worker_id)
                 self.plan = PrefillPlan(PrefillPlace.LOCAL, self.prompt_tokens, "aggregated worker") \
                     if chosen.record.pool != "decode" else plan_prefill(
@@ -201,7 +203,7 @@ class Generation:
                     await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
             else:
                 decision = await self._choose(RouteRequest(self.request_id, spec.model, spec.prompt_token_ids,
-                                                           overrides=spec.overrides, task=task), workers)
+                                                           spec.lora, overrides=spec.overrides, task=task), workers)
                 if not decision.enqueued:
                     await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
         except BaseException as exc:
@@ -265,7 +267,7 @@ class Generation:
                                            f"for {decode.record.worker_id}")
         over = dataclasses.replace(spec.overrides, worker_id=None)  # a pin names the decode worker
         decision = await self._choose(RouteRequest(self._prefill_key, spec.model, spec.prompt_token_ids,
-                                                   overrides=over, task=task), prefill_workers)
+                                                   spec.lora, overrides=over, task=task), prefill_workers)
         # The prefill worker serves the stream until its first token, the decode worker after it.
         self.prefill_worker_id = decision.worker_id
         stream.worker_id = decision.worker_id
@@ -433,7 +435,8 @@ class Generation:
         if self.prefill_worker_id:
             rt.send_control(rt.keys.control_channel(self.prefill_worker_id), ControlCommand("kv_release", old))
         workers = [w for w in rt.directory.by_model.get(spec.model, ())
-                   if w.record.pool != "prefill" and w.record.worker_id not in self._lost]
+                   if w.record.pool != "prefill" and w.record.worker_id not in self._lost
+                   and (spec.lora is None or w.load.has_lora(spec.lora))]
         workers = rt.admission.open_workers(workers) or workers  # admitted already: it is not refused
         pinned = [w for w in workers if w.record.worker_id == spec.overrides.worker_id]
         if not workers:
@@ -447,7 +450,7 @@ class Generation:
         token_ids = [*spec.prompt_token_ids, *self._generated]
         payload = GenerateRequest(request_id=self._wire_id, model=spec.model, token_ids=token_ids,
                                   sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline,
-                                  carried_tokens=carried, frontend_id=rt.frontend_id)
+                                  carried_tokens=carried, frontend_id=rt.frontend_id, lora=spec.lora)
         task = task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self._wire_id,
                                   argsrepr=f"request {self.request_id}: resumed after worker {lost} was lost, "
                                            f"{carried} tokens carried")
@@ -459,7 +462,7 @@ class Generation:
         over = dataclasses.replace(spec.overrides, worker_id=None)
         try:
             decision = await self._choose(
-                RouteRequest(self._wire_id, spec.model, token_ids, overrides=over, task=task), pinned or workers)
+                RouteRequest(self._wire_id, spec.model, token_ids, spec.lora, overrides=over, task=task), pinned or workers)
             if not decision.enqueued:
                 await rt.enqueuer.push(decision.queue, task.for_queue(decision.queue))
         except SluiceError:

@@ -147,6 +147,10 @@ class Keys:
         """Pub/sub channel for cancel / clear-cache / drain commands to one worker."""
         return f"{self.prefix}:ctl:{worker_id}"
 
+    def lora_replies(self, op_id: str) -> str:
+        """List the workers push their answers to one ``load_lora``/``unload_lora`` command onto."""
+        return f"{self.prefix}:lora-acks:{op_id}"
+
     @property
     def control_broadcast(self) -> str:
         """Pub/sub channel every worker listens to (cancels for requests whose worker is unknown)."""

@@ -21,8 +21,10 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 #: What an engine may be able to do beyond plain generation (registered with its worker).
 #: ``structured_outputs``: output constrained to a JSON schema, JSON, a regex, a choice or a grammar.
-Feature = Literal["structured_outputs"]
+#: ``lora``: LoRA adapters loaded and unloaded at run time (``load_lora``/``unload_lora`` commands).
+Feature = Literal["structured_outputs", "lora"]
 STRUCTURED_OUTPUTS: Feature = "structured_outputs"
+LORA: Feature = "lora"
 
 
 class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -139,11 +141,25 @@ class ControlCommand(msgspec.Struct, frozen=True, omit_defaults=True):
     drops the engine's unused cached blocks; ``kv_release`` (decode worker to prefill worker) says
     the blocks held for ``request_id``'s transfer may go; ``drain`` takes the worker out of routing
     and, at its drain deadline, moves what still runs elsewhere, as SIGTERM does, without exiting.
+    ``load_lora``/``unload_lora`` load the adapter ``lora_name`` from ``lora_path`` (or drop it) and
+    push a :class:`LoraAck` onto the Redis list ``reply_key``.
     """
 
-    op: Literal["cancel", "clear_kv", "drain", "kv_release"]
+    op: Literal["cancel", "clear_kv", "drain", "kv_release", "load_lora", "unload_lora"]
     request_id: str | None = None
+    lora_name: str | None = None
+    lora_path: str | None = None
+    reply_key: str | None = None
     v: int = MESSAGE_VERSION
+
+
+class LoraAck(msgspec.Struct, frozen=True):
+    """A worker's answer to ``load_lora``/``unload_lora``: done, or why not."""
+
+    worker_id: str
+    ok: bool
+    error: str = ""
+    code: str = ""
 
 
 _delta_encoder = msgspec.msgpack.Encoder()

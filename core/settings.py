@@ -75,6 +75,10 @@ class VllmSettings(BaseModel):
     #: free one).
     nixl_host: str = "127.0.0.1"
     nixl_port: int | None = Field(None, ge=1, le=65535)
+    #: LoRA adapters (``POST /v1/load_lora_adapter``): how many may serve one batch; 0 turns LoRA off
+    #: (vLLM's ``--enable-lora``), and the highest adapter rank taken.
+    max_loras: int = Field(0, ge=0)
+    max_lora_rank: int = Field(16, ge=1)
 
 
 class WorkerSettings(BaseModel):
@@ -156,6 +160,8 @@ class FrontendSettings(BaseModel):
                                     "repetition_penalty"], float] = Field(default_factory=dict)
     #: The most choices (``n``) one request may ask for.
     max_n: int = Field(16, ge=1)
+    #: How long ``/v1/load_lora_adapter`` waits for every worker to load the adapter (vLLM reads it from disk).
+    lora_timeout_s: float = Field(120.0, gt=0)
     #: Tool-call parser per model (``hermes``, ``llama3_json``, ``pythonic``); a model not named
     #: here gets the one its chat template implies (app.parser_choice).
     tool_parsers: dict[str, Literal["hermes", "llama3_json", "pythonic"]] = Field(default_factory=dict)

@@ -71,6 +71,11 @@ class WorkerLoad:
     kv_resyncs: int = 0
     #: Tokens the engine generated per second over the last heartbeat interval.
     tokens_per_s: float = 0.0
+    #: The LoRA adapters loaded, comma-separated (a request for one is routed only where it is loaded).
+    loras: str = ""
+
+    def has_lora(self, name: str) -> bool:
+        return name in self.loras.split(",")
 
     @property
     def kv_usage(self) -> float:

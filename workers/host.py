@@ -48,6 +48,7 @@ from core.messages import (
     ControlCommand,
     ErrorInfo,
     GenerateRequest,
+    LoraAck,
     TokenDelta,
     decode_control,
     encode_control,
@@ -180,7 +181,8 @@ class EngineHost:
         """The load record a heartbeat publishes (the worker's gauges are set from it too)."""
         load = replace(self.engine.load(), updated_at=time.time(), draining=self._draining,
                        kv_resyncs=self.metrics.kv_index_resyncs_total(),
-                       tokens_per_s=self._token_rate.sample(self.metrics.generated_tokens_total(), time.monotonic()))
+                       tokens_per_s=self._token_rate.sample(self.metrics.generated_tokens_total(), time.monotonic()),
+                       loras=",".join(self.engine.loras()))
         self.metrics.observe_load(load)
         return load
 
@@ -302,6 +304,33 @@ class EngineHost:
                 log.error("clearing the KV cache failed: %s", exc.message)
             if not self.kv_events:
                 await self.kv.index.purge(self.identity.worker_id)  # the routers' guesses
+        elif cmd.op in ("load_lora", "unload_lora") and cmd.lora_name:
+            await self._lora(cmd)
+
+    async def _lora(self, cmd: ControlCommand) -> None:
+        """Load or drop an adapter, publish the new list in the load record at once (routers then
+        send the adapter's requests here), and answer on the command's reply list."""
+        name = cmd.lora_name or ""
+        try:
+            if cmd.op == "load_lora":
+                await self.engine.load_lora(name, cmd.lora_path or "")
+            else:
+                await self.engine.unload_lora(name)
+            ack = LoraAck(self.identity.worker_id, ok=True)
+            log.info("LoRA adapter %s %s", name, "loaded" if cmd.op == "load_lora" else "unloaded")
+        except SluiceError as exc:
+            ack = LoraAck(self.identity.worker_id, ok=False, error=exc.message, code=exc.code or "")
+        except Exception as exc:  # noqa: BLE001 - the engine's fault, reported to the caller
+            log.exception("LoRA adapter %s: %s failed", name, cmd.op)
+            ack = LoraAck(self.identity.worker_id, ok=False, error=f"{type(exc).__name__}: {exc}")
+        if ack.ok and self.record is not None:
+            with contextlib.suppress(Exception):
+                await self.registry.heartbeat(self.record, self._load(), self.settings.worker.lease_ttl_s)
+        if cmd.reply_key:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.rpush(cmd.reply_key, msgspec.json.encode(ack))
+                pipe.expire(cmd.reply_key, 300)
+                await pipe.execute()
 
     async def _serve(self, req: GenerateRequest) -> None:
         """Run one request; its log lines carry its id (on the wire: the frontend's request id, with

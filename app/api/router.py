@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from app.api import chat, completions, health, keys, models, monitoring, tokenize, usage
+from app.api import chat, completions, health, keys, lora, models, monitoring, tokenize, usage
 
 api_router = APIRouter()
-for module in (health, monitoring, models, chat, completions, tokenize, keys, usage):
+for module in (health, monitoring, models, chat, completions, tokenize, lora, keys, usage):
     api_router.include_router(module.router)

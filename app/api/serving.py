@@ -111,10 +111,12 @@ async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Pr
     if body.n > rt.settings.frontend.max_n:
         raise InvalidRequest(f"n must be at most {rt.settings.frontend.max_n}", param="n")
     ep = endpoint(body)
-    card = await rt.directory.card(body.model)
+    model, lora = rt.directory.resolve(body.model)
+    card = await rt.directory.card(model)
     ep.prepare(card, rt.settings.frontend)
     prompt_ids = await ep.prompt_ids(card)
-    choices = await start_choices(rt, request, body, card, principal, prompt_ids, ep.max_tokens, ep.logprobs)
+    choices = await start_choices(rt, request, body, card, principal, prompt_ids, ep.max_tokens, ep.logprobs,
+                                  model=model, lora=lora)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return GenerationEvents(_events(choices, ep, card, body.model, include_usage), choices,
@@ -174,9 +176,12 @@ def _usage(choices: Choices) -> UsageInfo:
 
 async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFields, card: ModelCard,
                         principal: Principal | None, prompt_ids: list[int],
-                        requested_max_tokens: int | None, logprobs: int | None = None) -> Choices:
+                        requested_max_tokens: int | None, logprobs: int | None = None, *,
+                        model: str | None = None, lora: str | None = None) -> Choices:
     """Check limits, routing parameters and quotas, then route and enqueue each of the request's
-    ``n`` choices (app.choices). Nothing leaks if this raises."""
+    ``n`` choices (app.choices) to ``model`` (the request's own by default), with its LoRA adapter
+    ``lora``. Nothing leaks if this raises."""
+    model = model or body.model
     if rt.drain.draining:
         raise ShuttingDown("the frontend is shutting down and takes no new request; retry on another")
     if not rt.hub.subscribed:
@@ -192,18 +197,18 @@ async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFie
         rt.policy(overrides.mode)  # an unknown mode is the client's mistake: 400 before any quota is spent
     structured = structured_from(body)
     if structured is not None:
-        check_engines(structured, rt.directory.workers_for(body.model), constraint_param(body))
+        check_engines(structured, rt.directory.workers_for(model, lora), constraint_param(body))
     sampling = sampling_from(body, sampling_defaults(card, rt.settings.frontend), max_tokens, card.vocab_size,
                              logprobs, structured)
     gens: list[Generation] = []
     try:
-        await rt.accounts.admit(principal, body.model, len(prompt_ids))
+        await rt.accounts.admit(principal, model, len(prompt_ids))
         for i in range(body.n):
             first = gens[0] if gens else None
             pinned = overrides if first is None or first.worker_id is None \
                 else dataclasses.replace(overrides, worker_id=first.worker_id)
             spec = GenerationSpec(
-                model=body.model, prompt_token_ids=prompt_ids, stops=tuple(body.stop_strings()),
+                model=model, lora=lora, prompt_token_ids=prompt_ids, stops=tuple(body.stop_strings()),
                 sampling=msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, i)),
                 overrides=pinned, user=body.user, charge_prompt=first is None)
             gen = Generation(rt, spec, card, principal)
@@ -211,7 +216,7 @@ async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFie
             await gen.start()
     except BaseException as exc:
         if isinstance(exc, Exception):
-            rt.metrics.observe_refused(body.model, error_type(exc))
+            rt.metrics.observe_refused(model, error_type(exc))
         for gen in gens:
             await gen.close()
         raise

@@ -12,6 +12,8 @@ class ModelCardOut(msgspec.Struct):
     object: str = "model"
     max_model_len: int | None = None
     root: str | None = None
+    #: A LoRA adapter's base model (None: a base model).
+    parent: str | None = None
     #: Live workers per pool (``agg``, ``prefill``, ``decode``): Sluice's extension.
     pools: dict[str, int] | None = None
 

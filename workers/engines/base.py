@@ -69,6 +69,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from core.errors import InvalidRequest
 from core.messages import FinishReason, KvEvent, SamplingParams, TokenLogprob, Usage
 from router.registry import WorkerLoad
 
@@ -230,6 +231,19 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load the LoRA adapter in directory ``path`` as ``name`` (engines with the ``lora``
+        feature); InvalidRequest when it cannot be loaded."""
+        raise InvalidRequest(f"engine {self.info.engine} serves no LoRA adapters", code="lora_not_supported")
+
+    async def unload_lora(self, name: str) -> None:
+        """Drop the adapter ``name``; InvalidRequest when it is not loaded."""
+        raise InvalidRequest(f"engine {self.info.engine} serves no LoRA adapters", code="lora_not_supported")
+
+    def loras(self) -> list[str]:
+        """The adapters loaded, in load order."""
+        return []
 
     async def release_transfer(self, request_id: str) -> None:  # noqa: B027 - optional, no-op by default
         """The decode worker read (or gave up on) the blocks held for ``request_id``'s handle: free

@@ -45,9 +45,10 @@ import random
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
-from core.messages import AllBlocksCleared, FinishReason, SamplingParams, TokenLogprob, Usage
+from core.messages import LORA, AllBlocksCleared, FinishReason, SamplingParams, TokenLogprob, Usage
 from core.settings import MockerSettings
 from router.hashing import block_hashes, root_hash
 from router.registry import WorkerLoad
@@ -154,6 +155,8 @@ class MockerEngine(Engine):
         self._running: dict[str, _Request] = {}  # in admission order: oldest first
         self._live: dict[str, _Request] = {}  # every request whose stream has not ended
         self._roots: dict[str | None, int] = {}
+        #: LoRA adapters loaded: name to directory.
+        self._loras: dict[str, str] = {}
         self._sink: KvEventSink = discard_kv_events
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
@@ -176,6 +179,7 @@ class MockerEngine(Engine):
         self.info = EngineInfo(
             model=self.model, engine="mocker", block_size=s.block_size, kv_blocks=s.kv_blocks,
             max_num_seqs=s.max_num_seqs, context_length=self.max_model_len, vocab_size=s.vocab_size,
+            features=frozenset({LORA}),
         )
         self._sink = kv_sink if self.publishes_kv_events else discard_kv_events
         self._wakeup = asyncio.Event()
@@ -278,12 +282,18 @@ class MockerEngine(Engine):
             )
         if not 0 <= request.carried_tokens < len(prompt) or request.carried_tokens >= sampling.max_tokens:
             raise InvalidRequest(f"carried_tokens {request.carried_tokens} does not fit the request")
+        if request.lora is not None and request.lora not in self._loras:
+            raise InvalidRequest(f"LoRA adapter {request.lora!r} is not loaded on this worker", param="model",
+                                 code="lora_not_loaded")
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(64)
         root = self._root(request.lora)
+        # An adapter changes the model's answers: its stream is the base stream's key mixed with its root.
+        key = stream_key(prompt[:len(prompt) - request.carried_tokens], sampling.temperature, seed)
+        key = key ^ root if request.lora is not None else key
         prompt_len = len(prompt) - request.carried_tokens
         req = _Request(
             request_id=request.request_id, sampling=sampling, tokens=list(prompt), prompt_len=prompt_len,
-            key=stream_key(prompt[:prompt_len], sampling.temperature, seed), root=root,
+            key=key, root=root,
             chain=block_hashes(prompt, self.settings.block_size, root), carried=request.carried_tokens,
             export=request.kv_export,
             script=self.script.output_for(prompt[:prompt_len]) if self.script is not None else None,
@@ -342,6 +352,24 @@ class MockerEngine(Engine):
         timer = asyncio.get_running_loop().call_later(
             self.kv_hold_s, lambda: asyncio.ensure_future(self.release_transfer(req.request_id)))
         self._held[req.request_id] = (req, timer)
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """An adapter is simulated: its directory must hold a PEFT ``adapter_config.json``, and its
+        requests get their own token stream and their own block hashes (router.hashing salts them)."""
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise InvalidRequest(f"no LoRA adapter at {path!r} (adapter_config.json not found)", param="lora_path",
+                                 code="lora_not_found")
+        if self._loras.get(name, path) != path:
+            raise InvalidRequest(f"a LoRA adapter named {name!r} is already loaded from {self._loras[name]!r}",
+                                 param="lora_name", code="lora_exists")
+        self._loras[name] = path
+
+    async def unload_lora(self, name: str) -> None:
+        if self._loras.pop(name, None) is None:
+            raise InvalidRequest(f"LoRA adapter {name!r} is not loaded", param="lora_name", code="lora_not_found")
+
+    def loras(self) -> list[str]:
+        return list(self._loras)
 
     def _root(self, lora: str | None) -> int:
         """The block-hash chain's seed for an adapter (router.hashing.root_hash), computed once."""

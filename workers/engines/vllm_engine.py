@@ -62,13 +62,14 @@ from vllm import SamplingParams as VllmSamplingParams
 from vllm.config import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import tokens_input
+from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
-from core.messages import STRUCTURED_OUTPUTS, FinishReason, SamplingParams, StructuredOutput, TokenLogprob, Usage
+from core.messages import LORA, STRUCTURED_OUTPUTS, FinishReason, SamplingParams, StructuredOutput, TokenLogprob, Usage
 from core.settings import VllmSettings
 from router.registry import WorkerLoad
 from workers.engines.base import (
@@ -227,6 +228,10 @@ def engine_args(model_path: Path, settings: VllmSettings, kv_endpoint: str,
         disable_log_stats=True,
         enable_logging_iteration_details=True,
         enable_log_requests=False,
+        # LoRA adapters loaded at run time (load_lora); off unless asked for: it costs memory and time.
+        enable_lora=settings.max_loras > 0,
+        max_loras=max(settings.max_loras, 1),
+        max_lora_rank=settings.max_lora_rank,
     )
 
 
@@ -260,6 +265,9 @@ class VllmEngine(Engine):
         self.settings = settings
         self._llm: AsyncLLM | None = None
         self._live: dict[str, _Live] = {}
+        #: LoRA adapters loaded, by name, and the last id given to one.
+        self._loras: dict[str, LoRARequest] = {}
+        self._lora_ids = 0
         self._sink: KvEventSink = discard_kv_events
         self._subscriber: KvEventSubscriber | None = None
         self._translator: KvEventTranslator | None = None
@@ -293,7 +301,7 @@ class VllmEngine(Engine):
             max_num_seqs=config.scheduler_config.max_num_seqs,
             context_length=config.model_config.max_model_len,
             vocab_size=config.model_config.get_vocab_size(),
-            features=frozenset({STRUCTURED_OUTPUTS}),
+            features=frozenset({STRUCTURED_OUTPUTS, LORA} if self.settings.max_loras > 0 else {STRUCTURED_OUTPUTS}),
         )
         self._translator = KvEventTranslator(self.model, self.info.block_size)
         # vLLM checks a request's output constraint in this process, compiling it with xgrammar: the
@@ -332,7 +340,8 @@ class VllmEngine(Engine):
         cached = 0
         finished = False
         prompt = tokens_input(list(request.token_ids))
-        stream = llm.generate(prompt, self._sampling(request), request.request_id)
+        stream = llm.generate(prompt, self._sampling(request), request.request_id,
+                              lora_request=self._loras.get(request.lora) if request.lora else None)
         try:
             async with contextlib.aclosing(stream):
                 async for out in stream:
@@ -471,6 +480,40 @@ class VllmEngine(Engine):
     def cached_block_hashes(self) -> list[int]:
         return self._translator.cached_hashes() if self._translator is not None else []
 
+    # ---- LoRA adapters --------------------------------------------------------------------------
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load a PEFT adapter into vLLM (its id: a number of this worker's own; vLLM keys the KV
+        cache by the adapter's name, which router.hashing salts the block hashes with)."""
+        if self.settings.max_loras <= 0:
+            raise InvalidRequest("this vLLM worker was started without LoRA support "
+                                 "(SLUICE_WORKER__VLLM__MAX_LORAS=0)", code="lora_not_supported")
+        loaded = self._loras.get(name)
+        if loaded is not None:
+            if loaded.lora_path == path:
+                return
+            raise InvalidRequest(f"a LoRA adapter named {name!r} is already loaded from {loaded.lora_path!r}",
+                                 param="lora_name", code="lora_exists")
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise InvalidRequest(f"no LoRA adapter at {path!r} (adapter_config.json not found)", param="lora_path",
+                                 code="lora_not_found")
+        self._lora_ids += 1
+        request = LoRARequest(lora_name=name, lora_int_id=self._lora_ids, lora_path=path)
+        try:
+            await self._require_llm().add_lora(request)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise InvalidRequest(f"vLLM could not load the LoRA adapter at {path!r}: {exc}", param="lora_path",
+                                 code="lora_load_failed") from exc
+        self._loras[name] = request
+
+    async def unload_lora(self, name: str) -> None:
+        request = self._loras.pop(name, None)
+        if request is None:
+            raise InvalidRequest(f"LoRA adapter {name!r} is not loaded", param="lora_name", code="lora_not_found")
+        await self._require_llm().remove_lora(request.lora_int_id)
+
+    def loras(self) -> list[str]:
+        return list(self._loras)
+
     # ---- internals ------------------------------------------------------------------------------
     def _require_llm(self) -> AsyncLLM:
         if self._llm is None or self._stopping:
@@ -482,9 +525,9 @@ class VllmEngine(Engine):
     def _check_request(self, request: EngineRequest) -> None:
         """Refuse here what vLLM would refuse with a bare ValueError (or accept wrongly), with the
         reason in the message."""
-        if request.lora is not None:
-            raise InvalidRequest(f"LoRA adapter {request.lora!r} requested, but this vLLM engine serves none",
-                                 param="model", code="lora_not_supported")
+        if request.lora is not None and request.lora not in self._loras:
+            raise InvalidRequest(f"LoRA adapter {request.lora!r} is not loaded on this worker", param="model",
+                                 code="lora_not_loaded")
         if request.request_id in self._live:
             raise InvalidRequest(f"request id {request.request_id!r} is already running")
         n = len(request.token_ids)
