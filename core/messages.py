@@ -57,6 +57,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     #: Log probabilities to return: None, none; k, the chosen token's and the k most likely (0..20).
     logprobs: int | None = None
     structured: StructuredOutput | None = None
+    #: The prompt's log probabilities (``echo`` with ``logprobs``): None, none; k, as ``logprobs``.
+    prompt_logprobs: int | None = None
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -121,6 +123,9 @@ class TokenDelta(msgspec.Struct, frozen=True, omit_defaults=True):
     started_at: float | None = None
     #: With ``sampling.logprobs``: one per token of ``token_ids``.
     logprobs: list[TokenLogprob] | None = None
+    #: With ``sampling.prompt_logprobs``, on the first token's delta: one per prompt token (the
+    #: first None: nothing comes before it).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     v: int = MESSAGE_VERSION
 
     @property

@@ -50,6 +50,7 @@ from core.messages import (
     GenerateRequest,
     LoraAck,
     TokenDelta,
+    TokenLogprob,
     decode_control,
     encode_control,
     encode_delta,
@@ -384,7 +385,7 @@ class EngineHost:
                 if first and req.kv_handle is not None:
                     self._release_remote(req)  # the engine has read the KV: the prefill worker may free it
                 if prefill and out.finish_reason == "length" and req.sampling.max_tokens > 1:
-                    self._hand_off(req, out.token_ids, out.kv_handle, started_at)
+                    self._hand_off(req, out.token_ids, out.kv_handle, started_at, out.logprobs, out.prompt_logprobs)
                     return
                 if out.finish_reason == "abort" and req.request_id in self._evicted:
                     if out.token_ids:
@@ -400,7 +401,7 @@ class EngineHost:
                 self._send(req, TokenDelta(
                     req.request_id, seq, out.token_ids, finish_reason=out.finish_reason, usage=out.usage,
                     worker_id=wid if first else None, started_at=started_at if first else None,
-                    logprobs=out.logprobs))
+                    logprobs=out.logprobs, prompt_logprobs=out.prompt_logprobs))
                 first = False
                 seq += 1
                 if out.finish_reason is not None:
@@ -430,14 +431,18 @@ class EngineHost:
                              carried_tokens=req.carried_tokens)
 
     def _hand_off(self, req: GenerateRequest, first: list[int], handle: dict[str, Any] | None,
-                  started_at: float) -> None:
+                  started_at: float, logprobs: list[TokenLogprob] | None = None,
+                  prompt_logprobs: list[TokenLogprob | None] | None = None) -> None:
         """Publish the first token and push the decode task, in one pipelined call."""
         assert req.decode is not None
+        # The prompt's logprobs are published here: the decode worker reads the prompt's KV, it does not compute it.
         decode = GenerateRequest(
-            request_id=req.request_id, model=req.model, token_ids=[*req.token_ids, *first], sampling=req.sampling,
+            request_id=req.request_id, model=req.model, token_ids=[*req.token_ids, *first],
+            sampling=msgspec.structs.replace(req.sampling, prompt_logprobs=None),
             reply_channel=req.reply_channel, deadline=req.deadline, lora=req.lora, kv_handle=handle or {},
             prefill_worker_id=self.identity.worker_id, carried_tokens=len(first), frontend_id=req.frontend_id)
-        self._send(req, TokenDelta(req.request_id, 0, first, worker_id=self.identity.worker_id, started_at=started_at))
+        self._send(req, TokenDelta(req.request_id, 0, first, worker_id=self.identity.worker_id, started_at=started_at,
+                                   logprobs=logprobs, prompt_logprobs=prompt_logprobs))
         self.publisher.push(req.decode.queue, task_message(
             GENERATE_TASK, [request_to_builtins(decode)], req.decode.queue, task_id=req.request_id,
             argsrepr=f"request {req.request_id}: decode after prefill on {self.identity.worker_id}"))

@@ -56,7 +56,7 @@ class Chat(Endpoint):
     def max_tokens(self) -> int | None:
         return self.body.token_limit()
 
-    def opening(self, index: int = 0) -> ChunkChoice:
+    def opening(self, index: int = 0, logprobs: ChatLogprobs | None = None) -> ChunkChoice:
         return ChunkChoice(index, Delta(role="assistant", content=""))
 
     @property

@@ -9,7 +9,7 @@ from starlette.responses import Response
 from app.api.deps import CallerDep, RuntimeDep
 from app.api.openapi import STREAM_RESPONSE, error_responses
 from app.api.serving import Endpoint, serve
-from app.logprobs import Entries, completion_logprobs
+from app.logprobs import Entries, PromptEntries, completion_logprobs
 from app.model_card import ModelCard
 from app.prompting import completion_prompt_ids
 from app.protocol.completions import Completion, CompletionChoice, CompletionRequest
@@ -49,8 +49,15 @@ class Completions(Endpoint):
     def format_logprobs(self, card: ModelCard, entries: Entries, offset: int) -> CompletionLogprobs:
         return completion_logprobs(card, entries, offset)
 
-    def opening(self, index: int = 0) -> CompletionChoice | None:
-        return CompletionChoice(index, self.echo, None) if self.echo else None
+    @property
+    def prompt_logprobs(self) -> int | None:
+        return self.body.logprobs if self.body.echo else None
+
+    def format_prompt_logprobs(self, card: ModelCard, entries: PromptEntries) -> CompletionLogprobs | None:
+        return completion_logprobs(card, entries, 0) if entries else None
+
+    def opening(self, index: int = 0, logprobs: CompletionLogprobs | None = None) -> CompletionChoice | None:
+        return CompletionChoice(index, self.echo, None, logprobs) if self.echo else None
 
     def opening_text(self) -> str:
         return self.echo

@@ -27,7 +27,7 @@ from app.api.deps import router_overrides
 from app.api.sse import DONE, StreamingEvents, sse_event
 from app.choices import Choices, choice_seed
 from app.generation import Generation, GenerationSpec, resolve_max_tokens, sampling_from
-from app.logprobs import Entries
+from app.logprobs import Entries, PromptEntries
 from app.metrics import error_type
 from app.model_card import ModelCard
 from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
@@ -74,6 +74,16 @@ class Endpoint(abc.ABC):
         """``entries`` in the endpoint's logprobs shape (``offset``: where their text starts in the choice)."""
         return None
 
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """How many top logprobs per prompt token the request asked for (None: none; a completion's
+        ``echo`` with ``logprobs``)."""
+        return None
+
+    def format_prompt_logprobs(self, card: ModelCard, entries: PromptEntries) -> Any | None:
+        """The prompt's logprobs in the endpoint's shape (they precede the choice's own)."""
+        return None
+
     def prepare(self, card: ModelCard, frontend: FrontendSettings) -> None:
         """What the endpoint decides from the model card before the prompt is built (nothing by default)."""
         return None
@@ -87,8 +97,9 @@ class Endpoint(abc.ABC):
         """The streamed choices that end choice ``index``: what the endpoint still held, then the finish."""
         return [self.delta(None, finish_reason, index, logprobs)]
 
-    def opening(self, index: int = 0) -> Any | None:
-        """Choice ``index`` streamed ahead of its first text, in the same write (None: nothing)."""
+    def opening(self, index: int = 0, logprobs: Any | None = None) -> Any | None:
+        """Choice ``index`` streamed ahead of its first text, in the same write (None: nothing),
+        with the prompt's ``logprobs`` (app.api.serving.Endpoint.format_prompt_logprobs) when asked."""
         return None
 
     def opening_text(self) -> str:
@@ -116,7 +127,7 @@ async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Pr
     ep.prepare(card, rt.settings.frontend)
     prompt_ids = await ep.prompt_ids(card)
     choices = await start_choices(rt, request, body, card, principal, prompt_ids, ep.max_tokens, ep.logprobs,
-                                  model=model, lora=lora)
+                                  model=model, lora=lora, prompt_logprobs=ep.prompt_logprobs)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return GenerationEvents(_events(choices, ep, card, body.model, include_usage), choices,
@@ -124,7 +135,8 @@ async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Pr
     async with choices:
         texts = await choices.texts()
     start = len(ep.opening_text())
-    whole = [ep.whole(text, gen.finish_reason, i, ep.format_logprobs(card, lps, start) if lps else None)
+    whole = [ep.whole(text, gen.finish_reason, i, _joined(ep.format_prompt_logprobs(card, _prompt_entries(gen)),
+                                                          ep.format_logprobs(card, lps, start) if lps else None))
              for i, ((text, lps), gen) in enumerate(zip(texts, choices.generations, strict=True))]
     return Response(encode(ep.response(f"{ep.id_prefix}{choices.first.request_id}", int(time.time()), body.model,
                                        whole, usage=_usage(choices))),
@@ -143,16 +155,21 @@ async def _events(choices: Choices, ep: Endpoint, card: ModelCard, model: str,
         return sse_event(encode(ep.chunk(rid, created, model, choices, usage=usage)))
 
     def opening(index: int) -> bytes:
-        choice = ep.opening(index)
+        """Built when the choice's first piece comes: the prompt's logprobs come with the first token."""
+        gen = choices.generations[index]
+        choice = ep.opening(index, ep.format_prompt_logprobs(card, _prompt_entries(gen)))
         return chunk([choice]) if choice is not None else b""
 
-    heads = {i: opening(i) for i in range(len(choices.generations))}
+    unopened = set(range(len(choices.generations)))
     offsets = dict.fromkeys(range(len(choices.generations)), len(ep.opening_text()))
     tail = b""
     async with choices:
         try:
             async for piece in choices.pieces():
-                head = heads.pop(piece.index, b"")
+                head = b""
+                if piece.index in unopened:
+                    unopened.discard(piece.index)
+                    head = opening(piece.index)
                 lps = ep.format_logprobs(card, piece.logprobs, offsets[piece.index]) if piece.logprobs else None
                 if piece.text is not None:
                     offsets[piece.index] += len(piece.text)
@@ -166,8 +183,20 @@ async def _events(choices: Choices, ep: Endpoint, card: ModelCard, model: str,
             if include_usage:
                 tail += chunk([], _usage(choices))
         except SluiceError as exc:
-            tail += b"".join(heads.values()) + sse_event(error_payload(exc))
+            tail += b"".join(opening(i) for i in sorted(unopened)) + sse_event(error_payload(exc))
         yield tail + DONE
+
+
+def _prompt_entries(gen: Generation) -> PromptEntries:
+    lps = gen.prompt_logprobs
+    return list(zip(gen.spec.prompt_token_ids, lps, strict=False)) if lps else []
+
+
+def _joined(prompt: Any | None, own: Any | None) -> Any | None:
+    """The prompt's logprobs, then the choice's."""
+    if prompt is None or own is None:
+        return prompt if own is None else own
+    return prompt + own
 
 
 def _usage(choices: Choices) -> UsageInfo:
@@ -177,7 +206,8 @@ def _usage(choices: Choices) -> UsageInfo:
 async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFields, card: ModelCard,
                         principal: Principal | None, prompt_ids: list[int],
                         requested_max_tokens: int | None, logprobs: int | None = None, *,
-                        model: str | None = None, lora: str | None = None) -> Choices:
+                        model: str | None = None, lora: str | None = None,
+                        prompt_logprobs: int | None = None) -> Choices:
     """Check limits, routing parameters and quotas, then route and enqueue each of the request's
     ``n`` choices (app.choices) to ``model`` (the request's own by default), with its LoRA adapter
     ``lora``. Nothing leaks if this raises."""
@@ -199,7 +229,7 @@ async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFie
     if structured is not None:
         check_engines(structured, rt.directory.workers_for(model, lora), constraint_param(body))
     sampling = sampling_from(body, sampling_defaults(card, rt.settings.frontend), max_tokens, card.vocab_size,
-                             logprobs, structured)
+                             logprobs, structured, prompt_logprobs)
     gens: list[Generation] = []
     try:
         await rt.accounts.admit(principal, model, len(prompt_ids))

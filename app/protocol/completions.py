@@ -45,8 +45,6 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        if self.logprobs is not None and self.echo:
-            raise ValueError("logprobs with echo (the prompt's logprobs) are not supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
         if self.best_of not in (None, 1, self.n):

@@ -23,7 +23,13 @@ class ChatLogprobs(msgspec.Struct):
 
 
 class CompletionLogprobs(msgspec.Struct):
+    """An echoed prompt's first token has no logprob: ``null`` in ``token_logprobs`` and ``top_logprobs``."""
+
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+    def __add__(self, other: CompletionLogprobs) -> CompletionLogprobs:
+        return CompletionLogprobs(self.tokens + other.tokens, self.token_logprobs + other.token_logprobs,
+                                  self.top_logprobs + other.top_logprobs, self.text_offset + other.text_offset)

@@ -37,6 +37,7 @@ class ScriptedGeneration:
         self.served_by = "w7"
         self.prefill_worker_id: str | None = None
         self.closed = False
+        self.prompt_logprobs = None
 
     async def __aenter__(self) -> ScriptedGeneration:
         return self
@@ -68,7 +69,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """What start_choices was called with; it returns the generation the test put in ``gen``."""
     calls: list[dict[str, Any]] = []
 
-    async def fake_start(rt, request, body, card, principal, prompt_ids, requested_max_tokens, logprobs=None):  # noqa: ANN001, ANN202
+    async def fake_start(rt, request, body, card, principal, prompt_ids, requested_max_tokens, logprobs=None,  # noqa: ANN001, ANN202
+                         **_: object):
         calls.append({"prompt_ids": prompt_ids, "max_tokens": requested_max_tokens, "principal": principal})
         return Choices([rt.gen])
 
@@ -85,7 +87,8 @@ def runtime(card: ModelCard, gen: ScriptedGeneration, max_n: int = 1) -> SimpleN
             raise ModelNotFound(f"the model {model!r} does not exist", param="model")
         return card
 
-    return SimpleNamespace(settings=settings, directory=SimpleNamespace(card=lookup), gen=gen)
+    return SimpleNamespace(settings=settings, directory=SimpleNamespace(card=lookup, resolve=lambda m: (m, None)),
+                           gen=gen)
 
 
 REQUEST = SimpleNamespace(headers={})

@@ -115,6 +115,12 @@ def test_an_admin_manages_keys_over_http(accounts_stack: AccountsStack) -> None:
         new = created.json()
         user = {"Authorization": f"Bearer {new['key']}"}
         assert http.post("/v1/admin/keys", json={"name": "nope"}, headers=user).status_code == 403
+        # Adapters are an operator's business too: a user key may not load one, an admin's may ask.
+        lora = {"lora_name": "x", "lora_path": "/nonexistent"}
+        denied = http.post("/v1/load_lora_adapter", json=lora, headers=user)
+        assert denied.status_code == 403 and denied.json()["error"]["code"] == "admin_key_required"
+        allowed = http.post("/v1/load_lora_adapter", json=lora, headers={"Authorization": f"Bearer {admin}"})
+        assert allowed.status_code == 400 and allowed.json()["error"]["code"] == "lora_not_found", allowed.text
         ok = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, headers=user)
         assert ok.status_code == 200
         revoked = http.delete(f"/v1/admin/keys/{new['id']}", headers={"Authorization": f"Bearer {admin}"})

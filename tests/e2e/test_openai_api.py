@@ -293,6 +293,23 @@ def test_logprobs_in_openais_shapes_streamed_and_whole(client: openai.OpenAI) ->
     assert all(len(top) == 2 for top in lp.top_logprobs)
 
 
+def test_echo_with_logprobs_gives_the_prompts_logprobs_first(client: openai.OpenAI) -> None:
+    ask = {"model": MODEL, "prompt": "Once upon a time there was", "max_tokens": 5, "temperature": 0, "echo": True,
+           "logprobs": 2, "extra_body": {"ignore_eos": True}}
+    done = client.completions.create(**ask)
+    choice, lp = done.choices[0], done.choices[0].logprobs
+    assert len(lp.tokens) == done.usage.prompt_tokens + 5 == len(lp.token_logprobs) == len(lp.text_offset)
+    assert "".join(lp.tokens) == choice.text and choice.text.startswith("Once upon a time there was")
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing precedes the first token
+    assert all(v <= 0 for v in lp.token_logprobs[1:]) and all(len(t) == 2 for t in lp.top_logprobs[1:])
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    chunks = list(client.completions.create(**ask, stream=True))
+    streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs
+    assert chunks[0].choices[0].text == "Once upon a time there was"  # the echo, with the prompt's logprobs
+    assert len(chunks[0].choices[0].logprobs.tokens) == done.usage.prompt_tokens
+
+
 @pytest.mark.parametrize(("extra", "param"), [
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},

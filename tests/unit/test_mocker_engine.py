@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -175,8 +176,10 @@ async def test_a_full_prompt_is_never_all_cached() -> None:
         assert outputs[-1].usage is not None and outputs[-1].usage.cached_tokens == 4
 
 
-async def test_blocks_are_named_by_sluice_hashes_per_lora() -> None:
+async def test_blocks_are_named_by_sluice_hashes_per_lora(tmp_path: Path) -> None:
     async with running(block_size=4) as (engine, _):
+        (tmp_path / "adapter_config.json").write_text("{}")
+        await engine.load_lora("adapter", str(tmp_path))
         p = prompt(9)
         sampling = SamplingParams(max_tokens=1, temperature=0.0)
         await run(engine, "a", p, sampling)

@@ -121,6 +121,8 @@ class EngineOutput:
     kv_handle: dict[str, Any] | None = None
     #: With ``sampling.logprobs``: one per token of ``token_ids``.
     logprobs: list[TokenLogprob] | None = None
+    #: With ``sampling.prompt_logprobs``, on the first output: one per prompt token (the first None).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 #: Why an engine lost track of its cache: reports were lost on the way (a ``gap`` in their numbering)

@@ -67,7 +67,7 @@ from workers.engines.base import (
 from workers.engines.mocker_kv import KvBlockManager
 from workers.engines.mocker_script import MockerScript
 from workers.engines.mocker_timing import step_ms
-from workers.engines.mocker_tokens import FIRST_TOKEN_ID, choose, finish_reason, stream_key
+from workers.engines.mocker_tokens import FIRST_TOKEN_ID, choose, finish_reason, prompt_logprobs, stream_key
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ class _Request:
     remote_tokens: int = 0  # prompt tokens whose KV is read from the prefill worker
     pulled: bool = False  # the read is done (the simulated transfer time has passed)
     script: tuple[int, ...] | None = None  # a scripted output (workers.engines.mocker_script)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # handed out with the first output
     transferred_tokens: int = 0
 
     @property
@@ -199,11 +200,13 @@ class MockerEngine(Engine):
                     raise req.error
                 tokens, req.pending = req.pending, []
                 logprobs, req.pending_logprobs = (req.pending_logprobs or None), []
+                prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
                 if req.finish is not None:
                     handle = self._handle(req) if req.request_id in self._held else None
-                    yield EngineOutput(tokens, req.finish, self._usage(req), kv_handle=handle, logprobs=logprobs)
+                    yield EngineOutput(tokens, req.finish, self._usage(req), kv_handle=handle, logprobs=logprobs,
+                                       prompt_logprobs=prompt_lps)
                     return
-                yield EngineOutput(tokens, logprobs=logprobs)
+                yield EngineOutput(tokens, logprobs=logprobs, prompt_logprobs=prompt_lps)
         finally:
             if not req.closed:  # the consumer left early (closed or cancelled the iterator)
                 self._drop(req)
@@ -297,6 +300,8 @@ class MockerEngine(Engine):
             chain=block_hashes(prompt, self.settings.block_size, root), carried=request.carried_tokens,
             export=request.kv_export,
             script=self.script.output_for(prompt[:prompt_len]) if self.script is not None else None,
+            prompt_logprobs=None if sampling.prompt_logprobs is None else
+            prompt_logprobs(prompt[:prompt_len], self.settings.vocab_size, sampling.prompt_logprobs),
         )
         self._live[req.request_id] = req
         handle = request.kv_handle

@@ -122,6 +122,27 @@ def choose(key: int, position: int, sampling: SamplingParams, vocab_size: int,
     return chosen, TokenLogprob(logits[chosen] - log_total, [(t, logits[t] - log_total) for t in ranked])
 
 
+def prompt_logprobs(prompt_ids: Sequence[int], vocab_size: int, top: int) -> list[TokenLogprob | None]:
+    """The prompt's log probabilities (``echo`` with ``logprobs``), as the mocker would have
+    predicted each token: at position ``i``, a softmax over the candidates the greedy stream of
+    ``prompt[:i]`` weighs for its first token (logits ``CANDIDATES`` down to 1), plus the prompt's
+    own token at logit 0 when it is none of them. The first token has none (nothing precedes it)."""
+    data = np.asarray(prompt_ids, dtype="<u4").tobytes()
+    out: list[TokenLogprob | None] = [None]
+    for i in range(1, len(prompt_ids)):
+        key = xxhash.xxh3_64_intdigest(data[:4 * i], 0)
+        logits = {token_at(key, 0, vocab_size): float(CANDIDATES)}
+        for j in range(1, CANDIDATES):
+            logits.setdefault(token_at((key + _MAX_DRAWS + j) & _U64, 0, vocab_size), float(CANDIDATES - j))
+        actual = prompt_ids[i]
+        logits.setdefault(actual, 0.0)
+        peak = max(logits.values())
+        log_total = peak + math.log(sum(math.exp(v - peak) for v in logits.values()))
+        ranked = sorted(logits, key=lambda t: (-logits[t], t))[:top]
+        out.append(TokenLogprob(logits[actual] - log_total, [(t, logits[t] - log_total) for t in ranked]))
+    return out
+
+
 def finish_reason(
     token: int, num_output: int, num_total: int, sampling: SamplingParams, max_model_len: int
 ) -> FinishReason | None:

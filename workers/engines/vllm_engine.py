@@ -135,6 +135,7 @@ def to_vllm_sampling(params: SamplingParams) -> VllmSamplingParams:
         repetition_penalty=params.repetition_penalty,
         logit_bias=dict(params.logit_bias) or None,
         logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs,
         structured_outputs=structured_outputs(params.structured),
         output_kind=RequestOutputKind.DELTA,
         detokenize=False,
@@ -168,6 +169,20 @@ def token_logprobs(tokens: list[int], sample_logprobs: Any, top: int | None) -> 
         return None
     out = []
     for token, ranked in zip(tokens, list(sample_logprobs)[-len(tokens):], strict=False):
+        best = sorted(((lp.rank, tid, lp.logprob) for tid, lp in ranked.items() if lp.rank is not None and lp.rank <= top))
+        out.append(TokenLogprob(ranked[token].logprob, [(tid, lp) for _, tid, lp in best]))
+    return out
+
+
+def prompt_token_logprobs(prompt: list[int], ranked_per_token: Any, top: int | None) -> list[TokenLogprob | None] | None:
+    """vLLM's prompt logprobs (None for the first token, then a dict per token) as Sluice's."""
+    if top is None or ranked_per_token is None:
+        return None
+    out: list[TokenLogprob | None] = []
+    for token, ranked in zip(prompt, list(ranked_per_token), strict=False):
+        if not ranked or token not in ranked:
+            out.append(None)
+            continue
         best = sorted(((lp.rank, tid, lp.logprob) for tid, lp in ranked.items() if lp.rank is not None and lp.rank <= top))
         out.append(TokenLogprob(ranked[token].logprob, [(tid, lp) for _, tid, lp in best]))
     return out
@@ -348,6 +363,10 @@ class VllmEngine(Engine):
                     completion = out.outputs[0]
                     tokens = list(completion.token_ids)
                     logprobs = token_logprobs(tokens, completion.logprobs, request.sampling.logprobs)
+                    prompt_lps = None
+                    if not live.started and request.sampling.prompt_logprobs is not None:
+                        prompt_lps = prompt_token_logprobs(list(request.token_ids), out.prompt_logprobs,
+                                                           request.sampling.prompt_logprobs)
                     live.started = True
                     live.generated += len(tokens)
                     if out.num_cached_tokens:
@@ -356,7 +375,7 @@ class VllmEngine(Engine):
                         if live.aborted:  # aborted before vLLM knew the request: abort again
                             await llm.abort(request.request_id)
                         if tokens:
-                            yield EngineOutput(tokens, logprobs=logprobs)
+                            yield EngineOutput(tokens, logprobs=logprobs, prompt_logprobs=prompt_lps)
                         continue
                     finish = _FINISH_REASONS.get(completion.finish_reason, "error")
                     finished = True
@@ -364,7 +383,7 @@ class VllmEngine(Engine):
                         self._hold(request.request_id, self.transfer.lease_s)
                     yield EngineOutput(tokens, finish_reason=finish, usage=self._usage(request, live, cached),
                                        kv_handle=out.kv_transfer_params if request.kv_export else None,
-                                       logprobs=logprobs)
+                                       logprobs=logprobs, prompt_logprobs=prompt_lps)
                     return
         except EngineDeadError as exc:
             self._report_dead("vLLM's engine core process died")
