@@ -259,3 +259,27 @@ def test_stream_matches_parse_on_fragment_soup(parser_name: str, pieces: list[st
     text = "".join(pieces)
     _assert_stream_matches(parser_name, text, _random_chunks(text, random.Random(seed)))
     _assert_stream_matches(parser_name, text, list(text))
+
+
+#: Recorded: what SmolLM2-135M-Instruct (the default model, vLLM 0.32 on CPU, greedy) answered to five
+#: questions with two tools written into its prompt in Hermes' format (tests/e2e/test_tools.py's
+#: get_weather and get_time). The small model never calls a tool; its answers, JSON-looking code
+#: included, must stay content for every parser.
+SMOLLM2_RECORDED = [
+    'The weather in Paris right now is extremely hot and humid, with a high of 32°C (90°F) and a low of 22°C (72°F).',
+    'Tokyo is approximately 2:15:52 AM on a standard Pacific time (UTC+9).',
+    'To create a JSON string with the weather and time in both Oslo and Rome, you can use the following code:\n\n```\n{\n  "type": "json",\n  "data": {\n    "location": {\n      "type": "string",\n      "name": "Oslo"\n    },\n    "time": {\n      "type": "datetime",\n      "format": "YYYY-MM-DD HH:MM:SS"\n    },\n    "weather": {\n      "type": "json",\n      "data": {\n        "location": {\n          "type":',
+    "I'm fine. Just a normal day, I'm.",
+    'To use the get_weather tool for London, you can use the following code:\n```\nfunction get_weather_by_city() {\n  return {\n    "location": {\n      "type": "string",\n      "description": "London"\n    },\n    "temperature": {\n      "type": "number",\n      "value": 25\n    },\n    "weather": {\n      "type": "weather",\n      "location": {\n        "type": "string",\n        "description": "London"\n      },\n      "temperature": {\n        "type": "number",',
+]
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+@pytest.mark.parametrize("text", SMOLLM2_RECORDED, ids=[f"smollm2-{i}" for i in range(len(SMOLLM2_RECORDED))])
+def test_a_real_models_plain_answers_stay_content(parser: str, text: str) -> None:
+    parsed = get_tool_parser(parser).parse(text)
+    assert parsed.tool_calls == [] and parsed.content == text.strip()
+    streamer = get_tool_parser(parser).streamer()
+    events = [e for i in range(0, len(text), 7) for e in streamer.feed(text[i:i + 7])] + streamer.finish()
+    assert all(isinstance(e, ContentDelta) for e in events)
+    assert "".join(e.text for e in events).strip() == text.strip()
