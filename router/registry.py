@@ -50,6 +50,8 @@ class WorkerRecord(WorkerIdentity):
     metrics_url: str = ""
     #: What the engine can do beyond plain generation, comma-separated (workers.engines.base.Feature).
     features: str = ""
+    #: The most prompt tokens one engine step computes (a longer prefill takes several; 0: unknown).
+    max_batched_tokens: int = 0
 
     def supports(self, feature: str) -> bool:
         return feature in self.features.split(",")
@@ -73,6 +75,8 @@ class WorkerLoad:
     tokens_per_s: float = 0.0
     #: The LoRA adapters loaded, comma-separated (a request for one is routed only where it is loaded).
     loras: str = ""
+    #: The worker's step-time model fitted from its own steps (workers.timing_model; "": none yet).
+    timing: str = ""
 
     def has_lora(self, name: str) -> bool:
         return name in self.loras.split(",")

@@ -61,10 +61,11 @@ from core.redis_client import background_client
 from core.settings import Settings
 from core.wire import GENERATE_TASK, task_message
 from router.registry import Registry, WorkerIdentity, WorkerLoad, WorkerRecord
-from workers.engines.base import Engine, EngineKvEvent, EngineRequest
+from workers.engines.base import Engine, EngineKvEvent, EngineRequest, StepStats
 from workers.kv_relay import KvRelay
 from workers.metrics import MetricsEndpoint, TokenRate, WorkerMetrics
 from workers.publisher import DeltaPublisher
+from workers.timing_model import TimingFit
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ class EngineHost:
         self._control: BackgroundLoop | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._token_rate = TokenRate()
+        #: The worker's own step-time model, fitted from its steps and published with its load.
+        self.timing = TimingFit()
 
     # ---- lifecycle (called from the Celery main thread) -------------------------------------
     def serve_metrics(self) -> str:
@@ -152,8 +155,12 @@ class EngineHost:
         self.publisher.start()
         self.registry = Registry(self.redis, self.keys)
         self.kv = KvRelay(self.redis, self.keys, self.identity.worker_id, self.identity.model, self.metrics)
-        self.engine.on_step = self.metrics.observe_step
+        self.engine.on_step = self._on_step
         await self.engine.start(self._on_kv_events)
+
+    def _on_step(self, step: StepStats) -> None:
+        self.metrics.observe_step(step)
+        self.timing.observe(step)
 
     def _on_kv_events(self, events: Sequence[EngineKvEvent]) -> None:
         if self.kv_events:
@@ -174,6 +181,7 @@ class EngineHost:
         return WorkerRecord(
             **asdict(self.identity), engine=info.engine, block_size=info.block_size, kv_blocks=info.kv_blocks,
             max_num_seqs=info.max_num_seqs, context_length=info.context_length, started_at=time.time(),
+            max_batched_tokens=info.max_batched_tokens,
             kv_events=self.kv_events, metrics_url=self.metrics_url,
             features=",".join(sorted(info.features)),
         )
@@ -184,6 +192,10 @@ class EngineHost:
                        kv_resyncs=self.metrics.kv_index_resyncs_total(),
                        tokens_per_s=self._token_rate.sample(self.metrics.generated_tokens_total(), time.monotonic()),
                        loras=",".join(self.engine.loras()))
+        self.timing.set_usage(load.kv_usage)
+        model = self.timing.model()
+        if model is not None:
+            load = replace(load, timing=model.encode())
         self.metrics.observe_load(load)
         return load
 

@@ -28,6 +28,7 @@ from core.keys import Keys
 from sluice.devstack import Stack, wait_until
 from tests.e2e.vllm_reference import LORA_RANK, VllmServer, make_adapter
 from tests.workers.vllm_support import MODEL, VLLM_SKIP, smollm2_weights_dir
+from workers.timing_model import TimingModel
 
 pytestmark = [pytest.mark.vllm, VLLM_SKIP]
 
@@ -437,6 +438,19 @@ def test_the_vllm_worker_serves_its_metrics_found_through_the_discovery(vllm_sta
     assert sample("sluice_worker_generated_tokens_total") >= 8
     assert sample("sluice_worker_prompt_tokens_total") > 0
     assert sample("sluice_worker_kv_events_published_total", kind="stored") > 0
+    # The worker's own step-time model, fitted on vLLM's timed steps, travels with its load: it
+    # predicts what the steps measured (decode-only steps, at the usages they ran at).
+    r = redis.Redis.from_url(vllm_stack.redis_url)
+    try:
+        load = {k.decode(): v.decode() for k, v in r.hgetall(Keys(vllm_stack.namespace).load(WORKER)).items()}
+    finally:
+        r.close()
+    timing = TimingModel.decode_text(load.get("timing", ""))
+    assert timing is not None, load
+    assert timing.prefill_ms(4000) > timing.prefill_ms(100) > 0
+    measured_ms = 1000 * sample("sluice_worker_step_duration_seconds_sum", phase="decode") / \
+        sample("sluice_worker_step_duration_seconds_count", phase="decode")
+    assert 0.5 < timing.decode_ms(float(load["active_blocks"]) / float(load["total_blocks"])) / measured_ms < 2
 
 
 def test_zz_engine_death_fails_in_flight_requests_and_deregisters_the_worker(

@@ -92,6 +92,8 @@ class EngineInfo:
     #: What the engine can do beyond plain generation (core.messages.Feature); the frontend refuses, with
     #: a 400 naming the engine, a request that needs what the model's workers lack.
     features: frozenset[str] = frozenset()
+    #: The most prompt tokens one step computes (0: unknown).
+    max_batched_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +165,8 @@ class StepStats:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     preemptions: int = 0
+    #: KV usage (active / total blocks) while the step ran (None: the engine did not say).
+    kv_usage: float | None = None
 
     @property
     def phase(self) -> StepPhase:

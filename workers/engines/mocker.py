@@ -180,7 +180,7 @@ class MockerEngine(Engine):
         self.info = EngineInfo(
             model=self.model, engine="mocker", block_size=s.block_size, kv_blocks=s.kv_blocks,
             max_num_seqs=s.max_num_seqs, context_length=self.max_model_len, vocab_size=s.vocab_size,
-            features=frozenset({LORA}),
+            features=frozenset({LORA}), max_batched_tokens=s.max_num_batched_tokens,
         )
         self._sink = kv_sink if self.publishes_kv_events else discard_kv_events
         self._wakeup = asyncio.Event()
@@ -509,7 +509,7 @@ class MockerEngine(Engine):
         kv_usage = self._kv.active_blocks / self._kv.num_blocks
         deliveries = [d for req, chunk in batch if (d := self._compute(req, chunk)) is not None]
         duration_s = step_ms(prefill_tokens, decoding, kv_usage, self.settings.speedup) / 1000.0
-        return StepStats(duration_s, prefill_tokens, decoding, self._preempted), deliveries
+        return StepStats(duration_s, prefill_tokens, decoding, self._preempted, kv_usage), deliveries
 
     def _schedule_running(self, batch: list[tuple[_Request, int]], budget: int) -> tuple[int, bool]:
         """Give running requests their next chunk, oldest first; returns the token budget left and

@@ -314,6 +314,7 @@ class VllmEngine(Engine):
             block_size=config.cache_config.block_size,
             kv_blocks=config.cache_config.num_gpu_blocks or 0,
             max_num_seqs=config.scheduler_config.max_num_seqs,
+            max_batched_tokens=config.scheduler_config.max_num_batched_tokens,
             context_length=config.model_config.max_model_len,
             vocab_size=config.model_config.get_vocab_size(),
             features=frozenset({STRUCTURED_OUTPUTS, LORA} if self.settings.max_loras > 0 else {STRUCTURED_OUTPUTS}),

@@ -74,7 +74,8 @@ def step_of(scheduler: SchedulerStats | None, iteration: IterationStats | None) 
     if details is None or details.is_dummy:
         return StepStats(None, preemptions=preempted) if preempted else None
     return StepStats(details.elapsed_ms / 1000.0, prefill_tokens=details.num_ctx_tokens,
-                     decode_tokens=details.num_generation_tokens, preemptions=preempted)
+                     decode_tokens=details.num_generation_tokens, preemptions=preempted,
+                     kv_usage=scheduler.kv_cache_usage if scheduler is not None else None)
 
 
 def recorder_factory(counters: EngineCounters, on_step: Callable[[StepStats], None]) -> StatLoggerFactory:

@@ -1,0 +1,76 @@
+"""The worker's own timing model: fitted from its steps, it recovers the mocker's configured model."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from core.messages import SamplingParams
+from core.settings import MockerSettings
+from workers.engines.base import EngineRequest, StepStats
+from workers.engines.mocker import MockerEngine
+from workers.engines.mocker_timing import step_ms
+from workers.timing_model import TimingFit, TimingModel, fit
+
+#: The mocker's published model (workers/engines/mocker_timing.py).
+PREFILL = (16.50142, 1.518344e-02, 4.209989e-07)
+DECODE = (5.74, 54.01, -25.74)
+
+
+def assert_recovers(model: TimingModel | None, speedup: float) -> None:
+    assert model is not None
+    assert model.prefill == pytest.approx(tuple(c / speedup for c in PREFILL), rel=1e-6)
+    assert model.decode == pytest.approx(tuple(c / speedup for c in DECODE), rel=1e-6)
+
+
+@pytest.mark.parametrize("speedup", [1.0, 4.0])
+def test_a_fit_of_the_mockers_step_times_recovers_its_model(speedup: float) -> None:
+    rng = random.Random(7)
+    steps = []
+    for _ in range(300):
+        t = rng.choice([0, rng.randrange(1, 8192)])
+        decoding = rng.random() < 0.7 or t == 0
+        u = rng.random()
+        steps.append((t, decoding, u, step_ms(t, int(decoding), u, speedup)))
+    assert_recovers(fit(steps), speedup)
+
+
+def test_the_model_travels_as_text_exactly() -> None:
+    model = TimingModel((16.5, 0.0151, 4.2e-07), (5.74, 54.01, -25.74))
+    assert TimingModel.decode_text(model.encode()) == model
+    assert TimingModel.decode_text("") is None and TimingModel.decode_text("1,2,x,4,5,6") is None
+    assert model.step_ms(0, False, 0.3) == 0.0
+    assert model.step_ms(100, True, 0.5) == pytest.approx(16.5 + 1.51 + 4.2e-3 + 5.74 + 27.005 - 6.435)
+
+
+def test_too_few_steps_give_no_model() -> None:
+    f = TimingFit(min_steps=4)
+    for _ in range(3):
+        f.observe(StepStats(0.02, prefill_tokens=100, decode_tokens=0, kv_usage=0.1))
+    f.observe(StepStats(None, preemptions=1))  # untimed: not a step of the fit
+    assert f.model() is None
+
+
+async def test_a_running_mockers_own_steps_recover_its_configured_model() -> None:
+    """The engine's steps as the worker observes them (prefill alone, decode alone, mixed), at
+    the usages they ran at."""
+    engine = MockerEngine("m", MockerSettings(no_sleep=True, speedup=2.0, kv_blocks=2048, block_size=16))
+    timing = TimingFit(min_steps=32)
+    engine.on_step = timing.observe
+    await engine.start()
+    rng = random.Random(3)
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(rng.random() * 0.01)
+        prompt = [rng.randrange(100, 40_000) for _ in range(rng.randrange(20, 3000))]
+        sampling = SamplingParams(max_tokens=rng.randrange(1, 40), temperature=0, ignore_eos=True)
+        async for _ in engine.generate(EngineRequest(f"r{i}", prompt, sampling)):
+            pass
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(60)))
+    finally:
+        await engine.shutdown()
+    assert_recovers(timing.model(), 2.0)

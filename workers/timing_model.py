@@ -1,0 +1,116 @@
+"""A worker's timing model, measured on itself: how long one engine step takes.
+
+The model has the shape of the mocker's (Dynamo's published one, workers/engines/mocker_timing.py),
+with coefficients fitted from the worker's own timed steps::
+
+    step_ms(t, decoding, u) = [t > 0] (p0 + p1 t + p2 t²) + [decoding] (d0 + d1 u + d2 u²)
+
+``t``: prompt tokens computed in the step (the whole batch's), ``decoding``: whether it also ran
+decode tokens, ``u``: KV usage (active / total blocks). :class:`TimingFit` keeps the last ``window``
+timed steps and refits by least squares (columns scaled to unit size, so ``t²`` in the tens of
+millions does not swamp the constant) when asked and something new came in. The heartbeat publishes
+the fit with the worker's load (``WorkerLoad.timing``, :meth:`TimingModel.encode`), and routers
+predict a request's time to first token on each worker from it (router.scoring).
+
+A fit of the mocker's steps recovers its configured model (to rounding; tests/workers); a fit of
+vLLM's steps, from its iteration details, describes the real engine on its hardware.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from workers.engines.base import StepStats
+
+_FIELDS = 6
+
+
+@dataclass(frozen=True, slots=True)
+class TimingModel:
+    prefill: tuple[float, float, float]
+    decode: tuple[float, float, float]
+
+    def prefill_ms(self, tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        p0, p1, p2 = self.prefill
+        return p0 + p1 * tokens + p2 * tokens * tokens
+
+    def decode_ms(self, usage: float) -> float:
+        d0, d1, d2 = self.decode
+        return d0 + d1 * usage + d2 * usage * usage
+
+    def step_ms(self, tokens: float, decoding: bool, usage: float) -> float:
+        return self.prefill_ms(tokens) + (self.decode_ms(usage) if decoding else 0.0)
+
+    def encode(self) -> str:
+        """``p0,p1,p2,d0,d1,d2`` (``repr`` of each float: decoded exactly)."""
+        return ",".join(repr(float(v)) for v in (*self.prefill, *self.decode))
+
+    @classmethod
+    def decode_text(cls, text: str) -> TimingModel | None:
+        """The model :meth:`encode` wrote (None for "" or anything else)."""
+        parts = text.split(",") if text else []
+        if len(parts) != _FIELDS:
+            return None
+        try:
+            v = [float(p) for p in parts]
+        except ValueError:
+            return None
+        return cls((v[0], v[1], v[2]), (v[3], v[4], v[5]))
+
+
+def features(tokens: np.ndarray, decoding: np.ndarray, usage: np.ndarray) -> np.ndarray:
+    """The least-squares design matrix of steps (one row each)."""
+    p = (tokens > 0).astype(np.float64)
+    d = decoding.astype(np.float64)
+    t = tokens.astype(np.float64)
+    return np.column_stack([p, p * t, p * t * t, d, d * usage, d * usage * usage])
+
+
+class TimingFit:
+    """Fits a :class:`TimingModel` from the last ``window`` timed steps (at least ``min_steps``)."""
+
+    def __init__(self, window: int = 2048, min_steps: int = 16) -> None:
+        self.min_steps = min_steps
+        self._steps: deque[tuple[int, bool, float, float]] = deque(maxlen=window)
+        self._usage = 0.0
+        self._model: TimingModel | None = None
+        self._stale = False
+
+    def observe(self, step: StepStats) -> None:
+        if step.duration_s is None or (step.prefill_tokens <= 0 and step.decode_tokens <= 0):
+            return
+        usage = step.kv_usage if step.kv_usage is not None else self._usage
+        self._steps.append((step.prefill_tokens, step.decode_tokens > 0, usage, step.duration_s * 1000.0))
+        self._stale = True
+
+    def set_usage(self, usage: float) -> None:
+        """The KV usage to credit steps that do not carry their own (the worker's last load)."""
+        self._usage = usage
+
+    def model(self) -> TimingModel | None:
+        if self._stale and len(self._steps) >= self.min_steps:
+            self._stale = False
+            self._model = fit(self._steps) or self._model
+        return self._model
+
+
+def fit(steps: object) -> TimingModel | None:
+    """The least-squares model of ``steps``, (tokens, decoding, usage, ms) tuples; None when they
+    cannot tell its parts apart (no step with prefill, or none with decode, leaves those at 0)."""
+    data = np.asarray(list(steps), dtype=np.float64)  # type: ignore[call-overload]
+    if data.size == 0:
+        return None
+    x = features(data[:, 0], data[:, 1] > 0, data[:, 2])
+    scale = np.abs(x).max(axis=0)
+    used = scale > 0
+    if not used.any():
+        return None
+    coef = np.zeros(_FIELDS)
+    sol, *_ = np.linalg.lstsq(x[:, used] / scale[used], data[:, 3], rcond=None)
+    coef[used] = sol / scale[used]
+    return TimingModel((coef[0], coef[1], coef[2]), (coef[3], coef[4], coef[5]))
