@@ -85,6 +85,8 @@ def _split_reasoning(plan: OutputPlan, text: str) -> tuple[str | None, str]:
     if plan.reasoning_parser is None:
         return None, text
     split = get_reasoning_parser(plan.reasoning_parser).split(text)
+    if split.reasoning is None:  # no thought: the text is the content, as it came
+        return None, text
     return split.reasoning, split.content or ""
 
 
@@ -97,7 +99,8 @@ def whole_message(plan: OutputPlan, text: str) -> tuple[ResponseMessage, bool]:
     if plan.tool_mode == "auto" and plan.tool_parser:
         parsed = get_tool_parser(plan.tool_parser).parse(content)
         calls = parsed.tool_calls
-        content = parsed.content or ""
+        if calls:  # without calls the content stays as it came (whitespace included)
+            content = parsed.content or ""
     elif plan.tool_mode == "required":
         calls = required_calls(content) or []
         content = "" if calls else content

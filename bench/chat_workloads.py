@@ -106,3 +106,36 @@ def working_set_tokens(workload: Workload, output_mean: float) -> int:
         if seen[c] == last[c]:
             del live[c]
     return peak
+
+
+def prefix_workload(seed: int, *, prompts: int, prompt_tokens: tuple[int, int], requests: int, duration_s: float,
+                    question_tokens: tuple[int, int], output_tokens: tuple[int, int], zipf_s: float = 1.0) -> Workload:
+    """Shared prefixes: single-turn requests, each one of ``prompts`` system prompts (``prompt_tokens``,
+    uniform) reused by many users, picked by Zipf popularity (exponent ``zipf_s``: a few prompts are hot,
+    most are lukewarm), then a question of its own; Poisson arrivals over ``duration_s``."""
+    rng = random.Random(seed + 2)
+    systems = [_tokens(rng, rng.randrange(*prompt_tokens)) for _ in range(prompts)]
+    weights = [1 / (k + 1) ** zipf_s for k in range(prompts)]
+    w = Workload("prefix", [])
+    for u in range(requests):
+        w.system[u] = systems[rng.choices(range(prompts), weights)[0]]
+        w.conversations.append([Turn(u, rng.uniform(0, duration_s), _tokens(rng, rng.randrange(*question_tokens)),
+                                     rng.randrange(*output_tokens))])
+    return w
+
+
+def multiturn_workload(seed: int, *, users: int, turns: int, start_s: float, first_tokens: tuple[int, int],
+                       user_tokens: tuple[int, int], output_tokens: tuple[int, int], think_s: float) -> Workload:
+    """Multi-turn chat: ``users`` conversations that start over ``start_s`` and grow turn by turn (no
+    shared system prompt): a first turn of ``first_tokens``, then ``turns - 1`` (±1) questions of
+    ``user_tokens``, each prompt the whole conversation so far; think time exponential, mean ``think_s``."""
+    rng = random.Random(seed + 3)
+    w = Workload("multiturn", [])
+    for u in range(users):
+        w.system[u] = []
+        n_turns = max(2, turns + rng.choice((-1, 0, 0, 1)))
+        w.conversations.append([
+            Turn(u, rng.uniform(0, start_s) if k == 0 else _think(rng, think_s),
+                 _tokens(rng, rng.randrange(*(user_tokens if k else first_tokens))), rng.randrange(*output_tokens))
+            for k in range(n_turns)])
+    return w

@@ -28,7 +28,9 @@ TOOLS = [WEATHER, TIME]
 ONE_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
 TWO_CALLS = ('Let me check both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
              '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Europe/Oslo"}}\n</tool_call>')
+SPACED = "  two leading spaces, and one at the end "
 SCRIPT = [  # the first entry that matches wins
+    {"match": "Spaces, please", "output": SPACED},
     # Only a prompt where the tool result was rendered (as the template-less fallback writes it) matches.
     {"match": '<tool_response>\n{"temperature": 18}\n</tool_response>', "output": "It is 18 degrees in Paris."},
     {"match": "weather in Paris", "output": ONE_CALL},
@@ -57,7 +59,7 @@ def ask(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-def streamed(client: openai.OpenAI, **kwargs: object) -> tuple[dict[int, dict], str, str, str | None, list]:
+def streamed_answer(client: openai.OpenAI, **kwargs: object) -> tuple[dict[int, dict], str, str, str | None, list]:
     """A streamed answer put together as a client does: calls by index, content, reasoning, the
     finish reason, and every tool-call delta as sent."""
     calls: dict[int, dict] = {}
@@ -88,7 +90,7 @@ def test_a_tool_call_comes_back_as_tool_calls(client: openai.OpenAI) -> None:
 
 
 def test_streamed_tool_calls_equal_the_whole_answer(client: openai.OpenAI) -> None:
-    calls, content, _, finish, deltas = streamed(client, messages=ask("What are the weather and time in Oslo?"),
+    calls, content, _, finish, deltas = streamed_answer(client, messages=ask("What are the weather and time in Oslo?"),
                                                  tools=TOOLS)
     assert finish == "tool_calls"
     assert content.strip() == "Let me check both."
@@ -113,7 +115,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call(client: openai.OpenAI) -
     r = client.chat.completions.create(model=MODEL, messages=ask("What are the weather and time in Oslo?"),
                                        tools=TOOLS, parallel_tool_calls=False)
     assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]
-    calls, *_ = streamed(client, messages=ask("What are the weather and time in Oslo?"), tools=TOOLS,
+    calls, *_ = streamed_answer(client, messages=ask("What are the weather and time in Oslo?"), tools=TOOLS,
                          parallel_tool_calls=False)
     assert [c["name"] for c in calls.values()] == ["get_weather"]
 
@@ -130,7 +132,7 @@ def test_reasoning_is_split_from_the_content(client: openai.OpenAI) -> None:
     message = r.choices[0].message
     assert message.reasoning_content == "6 times 7 is 42, no tool needed."
     assert message.content == "The answer is 42."
-    _, content, reasoning, finish, _ = streamed(client, messages=ask("Think first: what is 6 times 7?"))
+    _, content, reasoning, finish, _ = streamed_answer(client, messages=ask("Think first: what is 6 times 7?"))
     assert (reasoning, content, finish) == ("6 times 7 is 42, no tool needed.", "The answer is 42.", "stop")
 
 
@@ -139,7 +141,7 @@ def test_reasoning_then_a_tool_call(client: openai.OpenAI) -> None:
     message = r.choices[0].message
     assert message.reasoning_content == "I need the weather."
     assert message.tool_calls[0].function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
-    calls, content, reasoning, finish, _ = streamed(client, messages=ask("Think, then call: weather?"), tools=TOOLS)
+    calls, content, reasoning, finish, _ = streamed_answer(client, messages=ask("Think, then call: weather?"), tools=TOOLS)
     assert reasoning == "I need the weather." and not content.strip()
     assert calls[0]["name"] == "get_weather" and finish == "tool_calls"
 
@@ -187,3 +189,13 @@ def test_bad_tool_requests_are_400s(stack: Stack, extra: dict, param: str, code:
     assert (err["param"] or "").startswith(param), err
     if code:
         assert err["code"] == code and "mocker" in err["message"]
+
+
+def test_plain_answers_pass_through_the_parsers_unchanged(client: openai.OpenAI) -> None:
+    """With tools offered and a reasoning parser on, an answer with neither keeps every character
+    (surrounding whitespace included), whole and streamed."""
+    body = {"messages": ask("Spaces, please"), "tools": TOOLS}
+    whole = client.chat.completions.create(model=MODEL, **body).choices[0]
+    _, streamed, reasoning, finish, _ = streamed_answer(client, **body)
+    assert whole.message.content == streamed == SPACED and not reasoning
+    assert whole.finish_reason == finish == "stop" and whole.message.tool_calls is None

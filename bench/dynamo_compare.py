@@ -1,0 +1,264 @@
+"""Sluice against NVIDIA Dynamo, in real time, on chat workloads under KV pressure:
+``make bench-dynamo`` (or ``python -m bench.dynamo_compare``).
+
+Both systems run 4 mocker workers with the same timing model (Dynamo's published one, which Sluice's
+mocker follows), the same block size and the same small KV cache, at speedup 1 (real time); the same
+client replays the same seeded trace against each, one system at a time, each started cold:
+
+* ``prefix`` — shared prefixes: single-turn requests, each one of 48 system prompts (2,000-3,500
+  tokens, Zipf popularity) and a question of its own (bench.chat_workloads.prefix_workload);
+* ``multiturn`` — conversations that grow turn by turn, each prompt the whole conversation so far
+  (bench.chat_workloads.multiturn_workload).
+
+The working set of either is about twice the fleet's KV cache (4 × 1,024 blocks of 16 tokens), so
+the caches evict and where a request goes decides what it finds cached. Outputs are short (16-48
+tokens). Prompts are text made of words that are one token each for SmolLM2's tokenizer (both
+systems serve it), and a conversation's earlier replies are the trace's own canned text, so every
+system sees exactly the same prompts whatever its mocker answered.
+
+Systems: Dynamo 1.6.1 with its KV router (the anchor, ``../shared/anchors/dynamo/dynamo.sh``;
+``install`` it once), Sluice with each ``--modes`` (default: ``kv``, ``round_robin``,
+``least_loaded``). Per run: requests, errors, the cached ratio (cached prompt tokens / prompt
+tokens, from each response's ``usage``), TTFT mean, p50 and p90 (the client's clock: request sent
+to first text), and ratios against Dynamo's run of the same round. ``--rounds`` repeats everything,
+alternating the order of the systems; the table shows each round. Writes
+bench/results/dynamo_compare.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+import orjson
+from rich.console import Console
+from rich.table import Table
+from tokenizers import Tokenizer
+
+from bench.chat_workloads import Workload, multiturn_workload, prefix_workload
+from bench.stats import pct
+from core.settings import Settings
+from sluice.devstack import REPO, RedisServer, Stack, free_port
+from workers.models.prepare import prepare_model
+
+MODEL = "smollm2"
+WORKERS = 4
+BLOCK = 16
+KV_BLOCKS = 1024
+DYNAMO = REPO.parent / "shared" / "anchors" / "dynamo" / "dynamo.sh"
+RESULTS = REPO / "bench" / "results" / "dynamo_compare.json"
+
+
+def workloads(seed: int) -> dict[str, Workload]:
+    return {
+        "prefix": prefix_workload(seed, prompts=48, prompt_tokens=(2000, 3500), requests=720, duration_s=40,
+                                  question_tokens=(30, 120), output_tokens=(16, 48)),
+        "multiturn": multiturn_workload(seed, users=96, turns=5, start_s=30, first_tokens=(1500, 3000),
+                                        user_tokens=(100, 300), output_tokens=(16, 48), think_s=3.0),
+    }
+
+
+# ---- prompts as text ------------------------------------------------------------------------------
+def one_token_words(tokenizer: Tokenizer) -> list[str]:
+    """Lowercase words that SmolLM2's tokenizer writes as one token with their leading space."""
+    words = sorted(t[1:] for t in tokenizer.get_vocab() if t.startswith("Ġ") and t[1:].isascii()
+                   and t[1:].isalpha() and t[1:].islower() and len(t) >= 4)
+    return [w for w in words if len(tokenizer.encode(" " + w, add_special_tokens=False).ids) == 1]
+
+
+def text_of(tokens: list[int], words: list[str]) -> str:
+    return "".join(" " + words[t % len(words)] for t in tokens)
+
+
+def canned_reply(user: int, turn: int, n: int) -> list[int]:
+    """The trace's own reply of ``n`` tokens, what later turns carry in their history."""
+    rng = random.Random(user * 1000 + turn)
+    return [rng.randrange(100, 49_000) for _ in range(n)]
+
+
+# ---- the replay -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Result:
+    ok: bool
+    ttft_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    error: str = ""
+
+
+async def _request(session: aiohttp.ClientSession, url: str, prompt: str, n: int) -> Result:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = None
+    usage: dict = {}
+    try:
+        async with session.post(f"{url}/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                return Result(False, 0, 0, 0, f"HTTP {resp.status}")
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                event = orjson.loads(line[5:])
+                if "error" in event:
+                    return Result(False, 0, 0, 0, str(event["error"])[:100])
+                if first is None and any(c.get("text") for c in event.get("choices") or ()):
+                    first = time.perf_counter()
+                usage = event.get("usage") or usage
+    except aiohttp.ClientError as exc:
+        return Result(False, 0, 0, 0, type(exc).__name__)
+    if first is None:
+        return Result(False, 0, 0, 0, "no text")
+    cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+    return Result(True, first - t0, int(usage.get("prompt_tokens", 0)), int(cached))
+
+
+async def replay(url: str, workload: Workload, words: list[str]) -> list[Result]:
+    """Every conversation on its own task: a turn is sent at its time (after the previous reply and
+    the think time), its prompt the conversation so far."""
+    results: list[Result] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+        async def talk(convo: list) -> None:
+            history = list(workload.system[convo[0].user])
+            for k, turn in enumerate(convo):
+                await asyncio.sleep(turn.arrival_s)
+                history += turn.new_tokens
+                results.append(await _request(session, url, text_of(history, words), turn.output_tokens))
+                history += canned_reply(turn.user, k, turn.output_tokens)
+
+        await asyncio.gather(*(talk(c) for c in workload.conversations))
+    return results
+
+
+def summarize(results: list[Result]) -> dict:
+    ok = [r for r in results if r.ok]
+    ttfts = [1000 * r.ttft_s for r in ok]
+    prompt = sum(r.prompt_tokens for r in ok)
+    return {"requests": len(results), "errors": len(results) - len(ok),
+            "cached_ratio": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
+            "ttft_mean_ms": statistics.fmean(ttfts) if ttfts else None,
+            "ttft_p50_ms": pct(ttfts, 50), "ttft_p90_ms": pct(ttfts, 90),
+            "first_errors": sorted({r.error for r in results if not r.ok})[:3]}
+
+
+# ---- the systems ----------------------------------------------------------------------------------
+@dataclass
+class System:
+    name: str
+    start: Callable[[], tuple[str, Callable[[], None]]]  # -> (base url, stop)
+
+
+def dynamo_system(script: Path) -> System:
+    def start() -> tuple[str, Callable[[], None]]:
+        port = free_port()
+        env = {**os.environ, "PORT": str(port), "WORKERS": str(WORKERS), "BLOCK": str(BLOCK),
+               "KV_BLOCKS": str(KV_BLOCKS), "SPEEDUP": "1.0", "ROUTER": "kv"}
+        subprocess.run(["bash", str(script), "start"], env=env, check=True, capture_output=True, timeout=180)
+        return f"http://127.0.0.1:{port}", lambda: subprocess.run(["bash", str(script), "stop"], env=env,
+                                                                   capture_output=True, timeout=60, check=False)
+    return System("dynamo kv", start)
+
+
+def sluice_system(mode: str, model_dir: Path, extra_env: dict[str, str]) -> System:
+    def start() -> tuple[str, Callable[[], None]]:
+        redis = RedisServer().start()
+        stack = Stack(redis_url=redis.url, namespace=f"cmp{uuid.uuid4().hex[:6]}", model_path=model_dir,
+                      env_extra={"SLUICE_ENGINE": "mocker", "SLUICE_ROUTER_MODE": mode,
+                                 "SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_WORKER__MOCKER__BLOCK_SIZE": str(BLOCK),
+                                 "SLUICE_WORKER__MOCKER__KV_BLOCKS": str(KV_BLOCKS), **extra_env})
+
+        def stop() -> None:
+            stack.stop()
+            redis.stop()
+
+        try:
+            for i in range(WORKERS):
+                stack.start_worker(f"m{i + 1}")
+            stack.start_frontend()
+            stack.wait_ready(MODEL, WORKERS, timeout=120)
+        except BaseException:
+            stop()
+            raise
+        return stack.base_url, stop
+    return System(f"sluice {mode}", start)
+
+
+def run_one(system: System, workload: Workload, words: list[str]) -> dict:
+    url, stop = system.start()
+    try:
+        t0 = time.perf_counter()
+        results = asyncio.run(replay(url, workload, words))
+        return {**summarize(results), "wall_s": time.perf_counter() - t0}
+    finally:
+        stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--modes", default="kv,round_robin,least_loaded")
+    ap.add_argument("--workloads", default="prefix,multiturn")
+    ap.add_argument("--dynamo", type=Path, default=DYNAMO, help="the anchor's dynamo.sh ('' to leave Dynamo out)")
+    ap.add_argument("--env", action="append", default=[], help="extra SLUICE_* setting for Sluice, NAME=VALUE")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    console = Console()
+    model_dir = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
+    words = one_token_words(Tokenizer.from_file(str(model_dir / "tokenizer.json")))
+    extra_env = dict(kv.split("=", 1) for kv in args.env)
+    systems = [sluice_system(m, model_dir, extra_env) for m in args.modes.split(",") if m]
+    if str(args.dynamo) and args.dynamo.is_file():
+        systems.insert(0, dynamo_system(args.dynamo))
+    else:
+        console.print(f"[yellow]Dynamo's anchor not found at {args.dynamo}: Sluice's modes only[/]")
+    runs: list[dict] = []
+    for rnd in range(args.rounds):
+        loads = workloads(args.seed + rnd)
+        order = systems if rnd % 2 == 0 else systems[::-1]
+        for name in args.workloads.split(","):
+            for system in order:
+                row = {"round": rnd, "workload": name, "system": system.name,
+                       **run_one(system, loads[name], words)}
+                runs.append(row)
+                console.print(f"round {rnd} {name:9} {system.name:20} cached {row['cached_ratio']:.3f} "
+                              f"TTFT mean {row['ttft_mean_ms'] or 0:.1f} ms, errors {row['errors']}")
+    ratios = []
+    for row in runs:
+        ref = next((r for r in runs if r["round"] == row["round"] and r["workload"] == row["workload"]
+                    and r["system"] == "dynamo kv"), None)
+        if ref and ref["ttft_mean_ms"] and row["ttft_mean_ms"] and ref["cached_ratio"]:
+            row["ttft_vs_dynamo"] = row["ttft_mean_ms"] / ref["ttft_mean_ms"]
+            row["cached_vs_dynamo"] = row["cached_ratio"] / ref["cached_ratio"]
+            ratios.append(row)
+    table = Table(title=f"Sluice vs Dynamo 1.6.1: {WORKERS} mocker workers × {KV_BLOCKS} blocks of {BLOCK}, real time")
+    for col in ("round", "workload", "system", "requests", "errors", "cached", "TTFT mean", "p50", "p90",
+                "TTFT / Dynamo", "cached / Dynamo"):
+        table.add_column(col)
+    for r in runs:
+        table.add_row(str(r["round"]), r["workload"], r["system"], str(r["requests"]), str(r["errors"]),
+                      f"{r['cached_ratio']:.3f}", f"{r['ttft_mean_ms'] or 0:.1f}", f"{r['ttft_p50_ms'] or 0:.1f}",
+                      f"{r['ttft_p90_ms'] or 0:.1f}", f"{r.get('ttft_vs_dynamo', float('nan')):.2f}",
+                      f"{r.get('cached_vs_dynamo', float('nan')):.2f}")
+    console.print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"workers": WORKERS, "kv_blocks": KV_BLOCKS, "block_size": BLOCK,
+                                    "seed": args.seed, "runs": runs}, indent=1, default=str))
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
