@@ -19,48 +19,11 @@ vLLM's steps, from its iteration details, describes the real engine on its hardw
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
+from core.timing import FIELDS, TimingModel
 from workers.engines.base import StepStats
-
-_FIELDS = 6
-
-
-@dataclass(frozen=True, slots=True)
-class TimingModel:
-    prefill: tuple[float, float, float]
-    decode: tuple[float, float, float]
-
-    def prefill_ms(self, tokens: float) -> float:
-        if tokens <= 0:
-            return 0.0
-        p0, p1, p2 = self.prefill
-        return p0 + p1 * tokens + p2 * tokens * tokens
-
-    def decode_ms(self, usage: float) -> float:
-        d0, d1, d2 = self.decode
-        return d0 + d1 * usage + d2 * usage * usage
-
-    def step_ms(self, tokens: float, decoding: bool, usage: float) -> float:
-        return self.prefill_ms(tokens) + (self.decode_ms(usage) if decoding else 0.0)
-
-    def encode(self) -> str:
-        """``p0,p1,p2,d0,d1,d2`` (``repr`` of each float: decoded exactly)."""
-        return ",".join(repr(float(v)) for v in (*self.prefill, *self.decode))
-
-    @classmethod
-    def decode_text(cls, text: str) -> TimingModel | None:
-        """The model :meth:`encode` wrote (None for "" or anything else)."""
-        parts = text.split(",") if text else []
-        if len(parts) != _FIELDS:
-            return None
-        try:
-            v = [float(p) for p in parts]
-        except ValueError:
-            return None
-        return cls((v[0], v[1], v[2]), (v[3], v[4], v[5]))
 
 
 def features(tokens: np.ndarray, decoding: np.ndarray, usage: np.ndarray) -> np.ndarray:
@@ -110,7 +73,7 @@ def fit(steps: object) -> TimingModel | None:
     used = scale > 0
     if not used.any():
         return None
-    coef = np.zeros(_FIELDS)
+    coef = np.zeros(FIELDS)
     sol, *_ = np.linalg.lstsq(x[:, used] / scale[used], data[:, 3], rcond=None)
     coef[used] = sol / scale[used]
     return TimingModel((coef[0], coef[1], coef[2]), (coef[3], coef[4], coef[5]))

@@ -25,10 +25,10 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.keys import Keys
+from core.timing import TimingModel
 from sluice.devstack import Stack, wait_until
 from tests.e2e.vllm_reference import LORA_RANK, VllmServer, make_adapter
 from tests.workers.vllm_support import MODEL, VLLM_SKIP, smollm2_weights_dir
-from workers.timing_model import TimingModel
 
 pytestmark = [pytest.mark.vllm, VLLM_SKIP]
 

@@ -9,10 +9,11 @@ import pytest
 
 from core.messages import SamplingParams
 from core.settings import MockerSettings
+from core.timing import TimingModel
 from workers.engines.base import EngineRequest, StepStats
 from workers.engines.mocker import MockerEngine
 from workers.engines.mocker_timing import step_ms
-from workers.timing_model import TimingFit, TimingModel, fit
+from workers.timing_model import TimingFit, fit
 
 #: The mocker's published model (workers/engines/mocker_timing.py).
 PREFILL = (16.50142, 1.518344e-02, 4.209989e-07)

@@ -1,0 +1,88 @@
+"""KV-aware routing's default cost: the predicted time to first token on each worker, in ms. Pure numpy.
+
+Each worker measures its own step time (workers.timing_model) and publishes the fit with its load:
+``pre(t) = max(0, p0 + p1 t + p2 t²)`` for ``t`` prompt tokens in a step, ``dec(u) = max(0, d0 + d1 u
++ d2 u²)`` at KV usage ``u``. For candidate ``w`` (block size ``B``, per-step token budget ``M``,
+``K`` KV blocks, ``R`` running requests), a prompt of ``prompt`` blocks of which it holds ``overlap``::
+
+    own      = max(1, (prompt − overlap) × B)     tokens it must compute (the last one always is)
+    queued   = queued_w × B                       prefill already routed there, first token not out
+    busy     = max(active_w, predicted_w)          blocks decoding (heartbeat; the routers' sums)
+    prefill(n) = (k − 1) × pre(M) + pre(n − (k − 1) M),  k = ceil(n / M)   (n tokens over k steps)
+    dec      = dec(min(1, busy / K)) if busy > 0 else 0
+    ttft     = prefill(queued + own) + k × dec + dec / 2     (each prefill step also decodes the running
+                                                               requests; half a step already in progress)
+    slowdown = R × (prefill(queued + own) − prefill(queued))  (the delay its prefill adds to each running decode)
+    evicted  = max(0, (prompt − overlap) − (K − busy − queued_w))   blocks it pushes out of a full cache
+    cost     = ttft + slowdown_weight × slowdown + eviction_weight × evicted × B × p1
+
+The eviction term is what recomputing the evicted blocks would cost (``p1`` per token) if they are
+needed again, with ``eviction_weight`` the chance they are. A worker that has not fitted its model
+yet (too few steps) is predicted with the mocker's published one (:data:`DEFAULT_TIMING`).
+
+The routing script in Redis (router/lua/decide.lua) computes the same costs in the same order of
+operations, so the two agree to the last bit (tests/router hold them equal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: The mocker's published model (workers/engines/mocker_timing.py, speedup 1):
+#: ``p0, p1, p2, d0, d1, d2``.
+DEFAULT_TIMING = (16.50142, 1.518344e-02, 4.209989e-07, 5.74, 54.01, -25.74)
+#: A worker that does not say how many tokens one step computes is taken to compute this many.
+DEFAULT_BUDGET = 8192
+#: Per-candidate columns, in the order the script reads them.
+COLUMNS = ("p0", "p1", "p2", "d0", "d1", "d2", "budget", "kv_blocks", "running", "block_size")
+
+
+@dataclass(frozen=True, slots=True)
+class TimeWeights:
+    slowdown: float
+    eviction: float
+
+
+def timing_columns(timings: Sequence[tuple[float, ...] | None], budgets: Sequence[int], kv_blocks: Sequence[int],
+                   running: Sequence[int], block_sizes: Sequence[int]) -> np.ndarray:
+    """The candidates' columns (one row each, :data:`COLUMNS`), defaults filled in."""
+    rows = [(*(t if t is not None else DEFAULT_TIMING), float(m or DEFAULT_BUDGET), float(max(k, 1)), float(r),
+             float(b)) for t, m, k, r, b in zip(timings, budgets, kv_blocks, running, block_sizes, strict=True)]
+    return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(COLUMNS))
+
+
+def _pre(cols: np.ndarray, t: np.ndarray) -> np.ndarray:
+    value = cols[:, 0] + cols[:, 1] * t + cols[:, 2] * t * t
+    return np.where(t > 0, np.maximum(value, 0.0), 0.0)
+
+
+def _prefill(cols: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``prefill(n)`` and its step count ``k`` (elementwise)."""
+    m = cols[:, 6]
+    k = np.ceil(n / m)
+    full = np.maximum(k - 1, 0.0)
+    return full * _pre(cols, m) + _pre(cols, n - full * m), k
+
+
+def time_costs(prompt: Sequence[int] | np.ndarray, overlap: Sequence[int] | np.ndarray,
+               queued: Sequence[int] | np.ndarray, active: Sequence[int] | np.ndarray,
+               predicted: Sequence[int] | np.ndarray, cols: np.ndarray, weights: TimeWeights) -> np.ndarray:
+    """The cost of each candidate (aligned arrays; ``queued``/``predicted``: the routers' in-flight
+    sums of queued prefill and decode blocks, ``active``: the heartbeat's blocks)."""
+    bs = cols[:, 9]
+    blocks = np.asarray(prompt, dtype=np.float64) - np.asarray(overlap, dtype=np.float64)
+    own = np.maximum(blocks * bs, 1.0)
+    q_blocks = np.asarray(queued, dtype=np.float64)
+    q = q_blocks * bs
+    busy = np.maximum(np.asarray(active, dtype=np.float64), np.asarray(predicted, dtype=np.float64))
+    total, k = _prefill(cols, q + own)
+    before, _ = _prefill(cols, q)
+    u = np.minimum(busy / cols[:, 7], 1.0)
+    dec = np.where(busy > 0, np.maximum(cols[:, 3] + cols[:, 4] * u + cols[:, 5] * u * u, 0.0), 0.0)
+    ttft = total + k * dec + dec * 0.5
+    slowdown = cols[:, 8] * (total - before)
+    evicted = np.maximum(blocks - (cols[:, 7] - busy - q_blocks), 0.0)
+    return ttft + weights.slowdown * slowdown + weights.eviction * (evicted * bs * cols[:, 1])
