@@ -25,9 +25,9 @@ import redis.asyncio as aioredis
 from core.keys import Keys
 from core.wire import TaskParts
 from router import index_scripts
+from router.cluster_channel import ClusterChannel, routing_channel
 from router.prefix_index import owner_tag
 from router.resp import hex_digits, pack_args
-from router.cluster_channel import ClusterChannel, routing_channel
 from router.resp_channel import PackedScript, RespChannel
 
 

@@ -45,12 +45,12 @@ from core.background import BackgroundTasks
 from core.errors import NoWorkerAvailable
 from core.keys import Keys
 from core.settings import RouterSettings
+from router.cluster_channel import routing_channel
 from router.hashing import block_hashes, root_hash, token_bytes
 from router.inflight import Candidates, Decision, InflightStore
 from router.policies import RouteDecision, RouteRequest
 from router.prefix_index import PrefixIndex, owner_tag
 from router.registry import LiveWorker, WorkerRecord
-from router.cluster_channel import routing_channel
 from router.scoring import CostTerms, cost_terms, evaluate, pick_index
 
 log = logging.getLogger(__name__)

@@ -54,8 +54,8 @@ import xxhash
 from core.keys import KV_EVENTS_STREAM_MAXLEN, Keys
 from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch, encode_kv_batch
 from router import index_scripts
-from router.resp import hex_digits, pack_command, pack_mget
 from router.cluster_channel import ClusterChannel, routing_channel
+from router.resp import hex_digits, pack_command, pack_mget
 from router.resp_channel import RespChannel
 from router.scoring import leading_overlaps
 
