@@ -26,7 +26,7 @@ from core.errors import InvalidRequest, ShuttingDown
 from core.keys import Keys
 from core.loops import BackgroundLoop, Backoff
 from core.messages import ControlCommand, encode_control
-from core.redis_client import frontend_client
+from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings
 from router.cluster import ClusterReader
 from router.frontends import FrontendRecord, FrontendRegistry
@@ -48,16 +48,21 @@ class FrontendRuntime:
 
     async def start(self) -> None:
         s = self.settings
-        self.keys = Keys(s.redis.namespace)
-        self.redis = frontend_client(s.redis.url, max_connections=64)
+        topology = RedisTopology.from_settings(s.redis)
+        self.keys: Keys = topology.keys
+        #: The broker's Redis (queues, token streams, control, leases) and the routing state's Redis
+        #: (registry, prefix index, in-flight sums): one client twice unless they are apart.
+        self.planes = RedisPlanes.open(topology, "frontend", max_connections=64)
+        self.redis = self.planes.broker
+        self.index_redis = self.planes.index
         self.enqueuer = Enqueuer(self.redis, self.keys)
         self.admission = Admission(s.frontend.max_waiting_per_worker, s.frontend.overload_retry_after_s)
-        self.registry = Registry(self.redis, self.keys)
+        self.registry = Registry(self.index_redis, self.keys)
         self.hub = StreamHub(self.redis, self.keys.token_channel(self.frontend_id))
         await self.hub.start()
         self.directory = WorkerDirectory(self.registry, self.hub, s.router.registry_refresh_s, s.model)
         await self.directory.start()
-        self.kv_policy = KvPolicy(self.redis, self.keys, s.router)
+        self.kv_policy = KvPolicy(self.index_redis, self.keys, s.router, enqueues=not self.planes.split)
         self.policies: dict[str, Policy] = self._make_policies()
         self.frontends = FrontendRegistry(self.redis, self.keys)
         self.cluster = ClusterReader(self.redis, self.keys, registry=self.registry, index=self.kv_policy.index)
@@ -73,7 +78,8 @@ class FrontendRuntime:
         self._lease.wake()
         self.drain = GracefulDrain(s.frontend.drain_timeout_s, self._end_open_requests)
         self._reaper = asyncio.get_running_loop().create_task(
-            run_reaper(self.registry, self.kv_policy.index, s.router.reaper_interval_s), name="reaper")
+            run_reaper(self.registry, self.kv_policy.index, s.router.reaper_interval_s, broker=self.redis),
+            name="reaper")
 
     async def _renew_lease(self) -> None:
         """Hold this frontend's lease: while it lives, workers keep running the requests it sent. The lease
@@ -142,4 +148,4 @@ class FrontendRuntime:
         await self.hub.close()
         await self._background.drain()
         await self.kv_policy.aclose()
-        await self.redis.aclose()
+        await self.planes.aclose()

@@ -17,7 +17,9 @@ and with the client's own MGET, and measures event ingest: 16 workers applying n
 (stores, and evictions once their cache is full) as fast as they can, each on its own connection.
 Prints a table; writes bench/results/router.json. ``--only-target`` measures just the target case
 (8K tokens, 64 workers, ``--blocks`` in the index) and skips the rest, for quick iterations (and
-writes bench/results/router_target.json instead).
+writes bench/results/router_target.json instead). ``--split-index`` also measures decision plus
+enqueue at the target case with the routing state on the broker's Redis (one call) and on a second
+Redis apart from it (two calls; bench/split_index.py), under ``split_index`` in the JSON.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
+from bench.split_index import split_comparison
 from bench.stats import pct
 from core.keys import Keys
 from core.messages import BlockRemoved, BlockStored, KvEventBatch
@@ -280,6 +283,15 @@ async def main(args: argparse.Namespace) -> dict:
             rows.append({"index_blocks": args.blocks, "workers": n, "tokens": t, **r})
             console.print(f"  {n:>3} workers × {t:>5} tokens: choose p50 {r['choose_p50_ms']:.3f} ms, p99 "
                           f"{r['choose_p99_ms']:.3f} ms, python cpu {r['choose_python_cpu_ms']:.3f} ms")
+        if args.split_index:
+            broker = RedisServer().start()
+            try:
+                results["split_index"] = await split_comparison(
+                    client, broker.url, keys, MODEL, all_workers[:TARGET["workers"]], prompts[TARGET["tokens"]],
+                    args.split_rounds)
+            finally:
+                broker.stop()
+            console.print(f"  decision + enqueue: {results['split_index']}")
         if args.only_target:
             results["decisions"] = rows
             return results
@@ -366,6 +378,9 @@ def cli() -> None:
     parser.add_argument("--ingest-seconds", type=float, default=5.0)
     parser.add_argument("--only-target", action="store_true",
                         help="measure only 8K tokens × 64 workers at --blocks (no growth, read comparison or ingest)")
+    parser.add_argument("--split-index", action="store_true",
+                        help="also measure decision + enqueue with the index on the broker's Redis and apart from it")
+    parser.add_argument("--split-rounds", type=int, default=500, help="decisions per case of --split-index")
     args = parser.parse_args()
     results = uvloop.run(main(args))  # the frontend's loop (uvicorn runs on uvloop)
     RESULTS.mkdir(parents=True, exist_ok=True)

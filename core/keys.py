@@ -9,6 +9,17 @@ so no namespace's prefix starts another's. Celery queue names use dots (``sluice
 because they are also routing keys; the Redis list holding a queue is the broker prefix + its name.
 The broker's own keys for a queue are named here too, for whatever pushes onto a queue or deletes one
 without kombu (the frontend's enqueue, the routing script, the reaper).
+
+Hash tags (``hash_tags=True``, for routing state on a Redis Cluster: core.redis_topology). A Redis
+Cluster script may only touch keys of one hash slot, and a key's slot is that of the part between its
+first ``{`` and the next ``}`` when there is one. So with hash tags the registry's keys (which the
+registry's scripts and transactions touch together) carry the namespace's tag, ``sluice:NS:{NS}:...``,
+and everything the prefix index and the in-flight sums keep for one model (block bitmaps, its workers'
+block sets, guesses and records, its slot owners, its KV event stream, its in-flight sums) the model's,
+``sluice:NS:{MODEL}:...``: one model's routing state sits on one shard, and the models spread over
+the shards. Every name still starts with ``sluice:NS:``. Without hash tags (one Redis, or a Sentinel
+primary) the names are what they always were, and a worker's index keys and the slot owners are
+namespace-wide; the ``model`` arguments below then change nothing.
 """
 
 from __future__ import annotations
@@ -44,89 +55,127 @@ def broker_binding_member(queue: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Keys:
     namespace: str
+    #: Routing-state keys carry hash tags (a Redis Cluster holds them; see the module docstring).
+    hash_tags: bool = False
 
     @property
     def prefix(self) -> str:
         return f"sluice:{self.namespace}"
 
+    @property
+    def _registry(self) -> str:
+        """What the registry's keys start with (tagged with the namespace on a cluster)."""
+        return f"{self.prefix}:{{{self.namespace}}}" if self.hash_tags else self.prefix
+
+    def _model(self, model: str) -> str:
+        """What the keys of one model's routing state start with (tagged with the model on a cluster)."""
+        return f"{self.prefix}:{{{model}}}" if self.hash_tags else f"{self.prefix}:{model}"
+
+    def _worker_index(self, model: str | None) -> str:
+        """What a worker's prefix-index keys start with: its model's tag on a cluster, else namespace-wide."""
+        if not self.hash_tags:
+            return self.prefix
+        if model is None:
+            raise ValueError("with hash tags a worker's index keys need its model")
+        return self._model(model)
+
+    def _namespace_wide(self, suffix: str) -> str:
+        """A key the prefix index keeps once per namespace without hash tags, and per model with them."""
+        if self.hash_tags:
+            raise ValueError(f"with hash tags {suffix!r} is per model: use the ``_of(model)`` form")
+        return f"{self.prefix}:{suffix}"
+
     # --- worker registry -------------------------------------------------------------------
     @property
     def workers(self) -> str:
         """Sorted set: worker_id scored by its lease expiry (unix seconds)."""
-        return f"{self.prefix}:workers"
+        return f"{self._registry}:workers"
 
     def worker(self, worker_id: str) -> str:
         """Hash with TTL (the lease): the worker's registration."""
-        return f"{self.prefix}:worker:{worker_id}"
+        return f"{self._registry}:worker:{worker_id}"
 
     def load(self, worker_id: str) -> str:
         """Hash with TTL: the worker's live load, renewed by every heartbeat."""
-        return f"{self.prefix}:load:{worker_id}"
+        return f"{self._registry}:load:{worker_id}"
 
     @property
     def slots(self) -> str:
         """Hash slot -> worker_id: the bit positions handed out for the prefix index."""
-        return f"{self.prefix}:slots"
+        return f"{self._registry}:slots"
 
     @property
     def worker_queues(self) -> str:
         """Hash worker_id -> JSON ``{"queue", "exchange"}``: the worker's own Celery queue and the exchange
         it is bound to. Written at registration, it outlives the lease: the reaper (router.reaper) reads
         it to delete a gone worker's queue, then deletes the entry."""
-        return f"{self.prefix}:worker-queues"
+        return f"{self._registry}:worker-queues"
 
     # --- prefix index (KV-aware routing) ---------------------------------------------------
     def kv_block_prefix(self, model: str) -> str:
         """What every block bitmap key of ``model`` starts with; the 16 hex digits of the hash follow."""
-        return f"{self.prefix}:{model}:kv:"
+        return f"{self._model(model)}:kv:"
 
     def kv_block(self, model: str, block_hash: int) -> str:
         """Bitmap: bit ``slot`` set when worker ``slot`` holds the block; deleted when no bit is left."""
         return f"{self.kv_block_prefix(model)}{block_hash:016x}"
 
-    def kv_worker(self, worker_id: str) -> str:
+    def kv_worker(self, worker_id: str, model: str | None = None) -> str:
         """Set of hex block hashes a worker reported through KV events, to purge them when it dies."""
-        return f"{self.prefix}:kvw:{worker_id}"
+        return f"{self._worker_index(model)}:kvw:{worker_id}"
 
-    def kv_worker_approx(self, worker_id: str) -> str:
+    def kv_worker_approx(self, worker_id: str, model: str | None = None) -> str:
         """Sorted set hex block hash -> expiry (unix ms): the router's own guesses for a worker whose
         engine publishes no KV events (approximate mode)."""
-        return f"{self.prefix}:kva:{worker_id}"
+        return f"{self._worker_index(model)}:kva:{worker_id}"
 
-    def kv_worker_meta(self, worker_id: str) -> str:
+    def kv_worker_meta(self, worker_id: str, model: str | None = None) -> str:
         """Hash: the index's own record of a worker (``eid`` last applied KV event id, ``slot``, ``model``,
         ``bprefix``); outlives the lease so a reaper can purge the worker after its registration expired."""
-        return f"{self.prefix}:kvm:{worker_id}"
+        return f"{self._worker_index(model)}:kvm:{worker_id}"
 
     @property
     def kv_slot_owners(self) -> str:
         """Hash slot -> worker_id: whose bits the prefix index holds at each slot. A slot is written only by
-        its owner; a new holder purges the previous owner's bits first, so a recycled slot has no stale bits."""
-        return f"{self.prefix}:kv-slots"
+        its owner; a new holder purges the previous owner's bits first, so a recycled slot has no stale bits.
+        Namespace-wide without hash tags; with them, per model (:meth:`kv_slot_owners_of`)."""
+        return self._namespace_wide("kv-slots")
+
+    def kv_slot_owners_of(self, model: str) -> str:
+        """:attr:`kv_slot_owners` as the scripts of ``model``'s index use it (the same key without hash tags)."""
+        return f"{self._model(model)}:kv-slots" if self.hash_tags else self.kv_slot_owners
 
     @property
     def kv_slot_tags(self) -> str:
         """String of 4 bytes per slot: a 32-bit tag of the slot's owner (zero: none), written with
         ``kv_slot_owners``; routers read it with the bitmaps to ignore bits that are not the worker's."""
-        return f"{self.prefix}:kv-slot-tags"
+        return self._namespace_wide("kv-slot-tags")
+
+    def kv_slot_tags_of(self, model: str) -> str:
+        """:attr:`kv_slot_tags` as the scripts of ``model``'s index use it (the same key without hash tags)."""
+        return f"{self._model(model)}:kv-slot-tags" if self.hash_tags else self.kv_slot_tags
 
     @property
     def kv_events(self) -> str:
         """Capped stream of KV event batches for observers (field ``b``: msgpack ``KvEventBatch``)."""
-        return f"{self.prefix}:kv-events"
+        return self._namespace_wide("kv-events")
+
+    def kv_events_of(self, model: str) -> str:
+        """:attr:`kv_events` as ``model``'s index writes it (with hash tags, one stream per model)."""
+        return f"{self._model(model)}:kv-events" if self.hash_tags else self.kv_events
 
     def router_inflight(self, model: str) -> str:
         """String of two big-endian uint32 per worker slot: the routers' shared in-flight predictions
         summed per worker (decode blocks, then prefill blocks not computed yet)."""
-        return f"{self.prefix}:{model}:inflight"
+        return f"{self._model(model)}:inflight"
 
     def router_inflight_requests(self, model: str) -> str:
         """Hash request_id -> ``"{slot} {decode_blocks} {prefill_blocks} {worker_id}"``: one prediction each."""
-        return f"{self.prefix}:{model}:inflight-req"
+        return f"{self._model(model)}:inflight-req"
 
     def router_inflight_expiry(self, model: str) -> str:
         """Sorted set request_id -> expiry (unix ms): predictions nobody released (a frontend died) expire."""
-        return f"{self.prefix}:{model}:inflight-exp"
+        return f"{self._model(model)}:inflight-exp"
 
     # --- streaming and control ---------------------------------------------------------------
     def token_channel(self, frontend_id: str) -> str:

@@ -29,8 +29,21 @@ def _default_cache_dir() -> Path:
 
 
 class RedisSettings(BaseModel):
+    """Where Sluice's Redis state lives (core.redis_topology; README, "Outgrowing one Redis").
+
+    ``url`` is the Celery broker and everything that rides on it (queues, token streams, control
+    channels, frontend leases, rate limits): a ``redis://`` URL, or ``sentinel://host:port`` URLs
+    joined by ``;`` for a broker made highly available by Redis Sentinel (``sentinel_master`` names
+    the monitored primary). ``index_url`` holds the routing state (worker registry, prefix index,
+    in-flight sums); unset, the broker's Redis holds it too and a routing decision enqueues in the same
+    call. ``index_cluster``: ``index_url`` is a node of a Redis Cluster (keys then carry hash tags,
+    core.keys)."""
+
     url: str = "redis://127.0.0.1:6379/0"
     namespace: str = Field("default", pattern=NAMESPACE_PATTERN)
+    index_url: str | None = None
+    index_cluster: bool = False
+    sentinel_master: str = "mymaster"
 
 
 class MockerSettings(BaseModel):
@@ -229,6 +242,7 @@ class Settings(BaseSettings):
     # Flat aliases for the options people set most; they override the nested form, and are validated
     # as it is (``model_post_init`` copies them without validation).
     redis_url: str | None = Field(None, validation_alias=AliasChoices("SLUICE_REDIS_URL"))
+    index_redis_url: str | None = Field(None, validation_alias=AliasChoices("SLUICE_INDEX_REDIS_URL"))
     namespace: str | None = Field(None, pattern=NAMESPACE_PATTERN, validation_alias=AliasChoices("SLUICE_NAMESPACE"))
     engine: EngineKind | None = Field(None, validation_alias=AliasChoices("SLUICE_ENGINE"))
     pool: PoolKind | None = Field(None, validation_alias=AliasChoices("SLUICE_POOL"))
@@ -238,6 +252,8 @@ class Settings(BaseSettings):
     def model_post_init(self, __context: object) -> None:
         if self.redis_url:
             self.redis.url = self.redis_url
+        if self.index_redis_url:
+            self.redis.index_url = self.index_redis_url
         if self.namespace:
             self.redis.namespace = self.namespace
         if self.engine:

@@ -54,6 +54,8 @@ class ClusterReader:
 
     def __init__(self, client: aioredis.Redis, keys: Keys, *, registry: Registry | None = None,
                  index: PrefixIndex | None = None) -> None:
+        """``client``: the broker's Redis (queues, frontends); ``registry`` and ``index`` may live on the
+        index Redis (core.redis_topology), and default to the broker's."""
         self.client = client
         self.keys = keys
         self.registry = registry or Registry(client, keys)
@@ -64,8 +66,18 @@ class ClusterReader:
         workers, frontends = await asyncio.gather(self.registry.live_workers(), self.frontends.live())
         depths, sizes = await asyncio.gather(
             queue_depths(self.client, self.keys, watched_queues(workers)),
-            self.index.sizes([w.record.worker_id for w in workers]))
+            self._index_sizes(workers))
         return ClusterSnapshot(namespace=self.keys.namespace, taken_at=time.time(),
                                workers=sorted(workers, key=lambda w: w.record.worker_id),
                                frontends=sorted(frontends, key=lambda f: f.record.frontend_id),
                                queue_messages=depths, index_blocks=sizes)
+
+    async def _index_sizes(self, workers: list[LiveWorker]) -> dict[str, int]:
+        """Index sizes, read per model (with hash tags each model's index is on its own shard)."""
+        by_model: dict[str, list[str]] = {}
+        for w in workers:
+            by_model.setdefault(w.record.model, []).append(w.record.worker_id)
+        sizes: dict[str, int] = {}
+        for part in await asyncio.gather(*(self.index.sizes(ids, model) for model, ids in by_model.items())):
+            sizes.update(part)
+        return sizes

@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from core.keys import Keys
 from core.wire import TaskParts
 from router import index_scripts
+from router.cluster_channel import ClusterChannel, routing_channel
 from router.prefix_index import owner_tag
 from router.resp import hex_digits, pack_args
 from router.resp_channel import PackedScript, RespChannel
@@ -55,11 +56,12 @@ class Decision:
 
 
 class InflightStore:
-    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: float, channel: RespChannel | None = None) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: float,
+                 channel: RespChannel | ClusterChannel | None = None) -> None:
         self.client = client
         self.keys = keys
         self.ttl_ms = int(ttl_s * 1000)
-        self.channel = channel or RespChannel(client)
+        self.channel = channel or routing_channel(client)
         self._decide = PackedScript(self.channel, index_scripts.DECIDE)
         self._release = PackedScript(self.channel, index_scripts.RELEASE)
 
@@ -77,10 +79,10 @@ class InflightStore:
         if n >= 1 << 16:
             raise ValueError(f"{n} candidates: the slot lookup holds at most 65535")
         slots = np.asarray(slots, dtype=np.int64)
-        keys = [*self._keys(model), self.keys.kv_slot_owners, self.keys.kv_slot_tags]
+        keys = [*self._keys(model), self.keys.kv_slot_owners_of(model), self.keys.kv_slot_tags_of(model)]
         approx = np.flatnonzero(np.asarray(approx_cap) > 0)
         for i in approx:
-            keys += [self.keys.kv_worker_approx(worker_ids[i]), self.keys.kv_worker_meta(worker_ids[i])]
+            keys += [self.keys.kv_worker_approx(worker_ids[i], model), self.keys.kv_worker_meta(worker_ids[i], model)]
         approx_no = np.zeros(n)
         approx_no[approx] = np.arange(1, approx.size + 1)
         tags = np.fromiter((owner_tag(w) for w in worker_ids), dtype=np.float64, count=n)

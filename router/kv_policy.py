@@ -10,6 +10,10 @@ frontends routing at the same moment take turns instead of piling onto one worke
 plain read (router.prefix_index): two independent implementations of one formula, which the tests
 hold to the same answers.
 
+When the routing state lives apart from the broker (``enqueues=False``: a Redis of its own or a Redis
+Cluster, core.redis_topology) the script cannot reach the worker's queue: it decides and records, and
+the caller pushes the task on the broker (app.enqueue), two round trips instead of one.
+
 Releases and prefill-done marks ride along with the router's next decision (applied first in its
 script), or go in one call of their own within :data:`SETTLE_DELAY_S` when no decision comes first.
 
@@ -41,12 +45,12 @@ from core.background import BackgroundTasks
 from core.errors import NoWorkerAvailable
 from core.keys import Keys
 from core.settings import RouterSettings
+from router.cluster_channel import routing_channel
 from router.hashing import block_hashes, root_hash, token_bytes
 from router.inflight import Candidates, Decision, InflightStore
 from router.policies import RouteDecision, RouteRequest
 from router.prefix_index import PrefixIndex, owner_tag
 from router.registry import LiveWorker, WorkerRecord
-from router.resp_channel import RespChannel
 from router.scoring import CostTerms, cost_terms, evaluate, pick_index
 
 log = logging.getLogger(__name__)
@@ -106,10 +110,13 @@ class KvPolicy:
     """The ``kv`` routing mode; one instance per process, shared by all its requests."""
 
     def __init__(self, client: aioredis.Redis, keys: Keys, settings: RouterSettings,
-                 *, rng: random.Random | None = None) -> None:
+                 *, rng: random.Random | None = None, enqueues: bool = True) -> None:
+        """``client``: the Redis holding the routing state; ``enqueues``: it is also the broker, so the
+        deciding script pushes the task message (False: the caller enqueues it)."""
         self.settings = settings
-        #: The one connection this policy's decisions, releases and reads go out on.
-        self.channel = RespChannel(client)
+        self.enqueues = enqueues
+        #: The one connection this policy's decisions, releases and reads go out on (one per shard on a cluster).
+        self.channel = routing_channel(client)
         self.index = PrefixIndex(client, keys, channel=self.channel)
         self.inflight = InflightStore(client, keys, settings.inflight_ttl_s, channel=self.channel)
         self._rng = rng or random.Random()
@@ -146,7 +153,7 @@ class KvPolicy:
                      table.ids[decision.index])
         record = table.workers[decision.index].record
         return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=decision.overlap,
-                             cost=decision.cost, enqueued=request.task is not None)
+                             cost=decision.cost, enqueued=request.task is not None and self.enqueues)
 
     async def _decide(self, request: RouteRequest, table: WorkerTable, tokens: bytes, n_tokens: int, root: int,
                       settle: list[tuple[str, str]]) -> Decision:
@@ -158,7 +165,7 @@ class KvPolicy:
             weight=self.settings.overlap_score_weight if over.overlap_score_weight is None else over.overlap_score_weight,
             temperature=self.settings.temperature if over.temperature is None else over.temperature,
             u=self._rng.random(), pinned=table.position.get(over.worker_id) if over.worker_id else None,
-            approx_ttl_s=self.settings.approx_ttl_s, task=request.task, settle=settle)
+            approx_ttl_s=self.settings.approx_ttl_s, task=request.task if self.enqueues else None, settle=settle)
 
     async def best(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
         """The decision :meth:`choose` would make, recording nothing (the standalone router's query)."""

@@ -54,6 +54,7 @@ import xxhash
 from core.keys import KV_EVENTS_STREAM_MAXLEN, Keys
 from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch, encode_kv_batch
 from router import index_scripts
+from router.cluster_channel import ClusterChannel, routing_channel
 from router.resp import hex_digits, pack_command, pack_mget
 from router.resp_channel import RespChannel
 from router.scoring import leading_overlaps
@@ -135,21 +136,25 @@ def _uint32_at(blob: bytes, offsets: np.ndarray) -> np.ndarray:
 
 class PrefixIndex:
     def __init__(self, client: aioredis.Redis, keys: Keys, *, stream_maxlen: int = KV_EVENTS_STREAM_MAXLEN,
-                 channel: RespChannel | None = None) -> None:
+                 channel: RespChannel | ClusterChannel | None = None) -> None:
         self.client = client
         self.keys = keys
-        #: The connection the scoring read goes out on (router.resp_channel).
-        self.channel = channel or RespChannel(client)
+        #: The connection the scoring read goes out on (router.resp_channel, router.cluster_channel).
+        self.channel = channel or routing_channel(client)
         self.stream_maxlen = stream_maxlen
         self._apply = client.register_script(index_scripts.APPLY)
         self._resync = client.register_script(index_scripts.RESYNC)
         self._purge = client.register_script(index_scripts.PURGE)
         self._expire = client.register_script(index_scripts.EXPIRE_GUESSES)
 
-    def _worker_keys(self, worker_id: str) -> list[str]:
+    def _worker_keys(self, worker_id: str, model: str | None) -> list[str]:
+        """The keys every index script of one worker takes; ``model`` (the worker's) is needed only with
+        hash tags (core.keys), where they all live in its model's slot."""
         k = self.keys
-        return [k.kv_worker_meta(worker_id), k.kv_worker(worker_id), k.kv_worker_approx(worker_id),
-                k.kv_slot_owners, k.kv_slot_tags]
+        owners = k.kv_slot_owners_of(model) if model is not None else k.kv_slot_owners
+        tags = k.kv_slot_tags_of(model) if model is not None else k.kv_slot_tags
+        return [k.kv_worker_meta(worker_id, model), k.kv_worker(worker_id, model), k.kv_worker_approx(worker_id, model),
+                owners, tags]
 
     # ---- writers: the worker host and the reaper -----------------------------------------------
     async def apply(self, batch: KvEventBatch, *, slot: int, model: str, publish: bool = True) -> ApplyResult:
@@ -157,7 +162,7 @@ class PrefixIndex:
 
         Events apply in order. ``BlockStored.parent_hash`` is not needed: a chained hash already names
         its whole prefix. Removing a block the index does not list for the worker is a no-op."""
-        keys = [*self._worker_keys(batch.worker_id), self.keys.kv_events]
+        keys = [*self._worker_keys(batch.worker_id, model), self.keys.kv_events_of(model)]
         args = [batch.worker_id, slot, batch.event_id, model, self.keys.kv_block_prefix(model), self.stream_maxlen,
                 encode_kv_batch(batch) if publish else b"", owner_tag(batch.worker_id), *_ops(batch)]
         status, last, stored, removed = await self._apply(keys=keys, args=args)
@@ -172,7 +177,7 @@ class PrefixIndex:
         a larger state is written in several calls, during which the index under-reports the worker.
         The previous owner of the slot, if another worker, is purged first. The stream gets one batch
         per call: ``AllBlocksCleared`` then ``BlockStored`` (no parent: a set, not a chain)."""
-        keys = [*self._worker_keys(worker_id), self.keys.kv_events]
+        keys = [*self._worker_keys(worker_id, model), self.keys.kv_events_of(model)]
         hashes = list(block_hashes)
         prefix = self.keys.kv_block_prefix(model)
         written = 0
@@ -193,18 +198,19 @@ class PrefixIndex:
                 if status == "busy":
                     owner = reply[1].decode()
                     if owner in busy_with:
-                        await self._drop_ownership(slot, owner)  # its record is gone: nothing left to purge
+                        await self._drop_ownership(slot, owner, model)  # its record is gone: nothing to purge
                     busy_with.add(owner)
-                    await self.purge(owner)
+                    await self.purge(owner, model)
                 else:  # 'big': drop the old state in bounded steps, then write
-                    await self.purge(worker_id)
+                    await self.purge(worker_id, model)
         return written
 
-    async def purge(self, worker_id: str) -> int:
+    async def purge(self, worker_id: str, model: str | None = None) -> int:
         """Forget every block of the worker (dead, or its cache was cleared) and release its slot in
-        the index. The slot and model come from the index's own record of the worker, so this works
-        after the registration expired. Runs in bounded steps; idempotent. Returns blocks cleared."""
-        keys = self._worker_keys(worker_id)
+        the index. The slot and block prefix come from the index's own record of the worker, so this
+        works after the registration expired (with hash tags the caller names the worker's model: its
+        keys live in that model's slot). Runs in bounded steps; idempotent. Returns blocks cleared."""
+        keys = self._worker_keys(worker_id, model)
         total = 0
         while True:
             more, n = await self._purge(keys=keys, args=[worker_id, PURGE_CHUNK_BLOCKS])
@@ -212,20 +218,23 @@ class PrefixIndex:
             if not int(more):
                 return total
 
-    async def expire_guesses(self, worker_ids: Sequence[str]) -> int:
-        """Drop the expired approximate-mode guesses of these workers (the reaper's sweep). Returns how many."""
+    async def expire_guesses(self, worker_ids: Sequence[str], model: str | None = None) -> int:
+        """Drop the expired approximate-mode guesses of these workers (the reaper's sweep; with hash
+        tags, workers of ``model`` only, one call per model). Returns how many."""
         if not worker_ids:
             return 0
-        keys = [k for wid in worker_ids for k in (self.keys.kv_worker_approx(wid), self.keys.kv_worker_meta(wid))]
+        keys = [k for wid in worker_ids
+                for k in (self.keys.kv_worker_approx(wid, model), self.keys.kv_worker_meta(wid, model))]
         return int(await self._expire(keys=keys, args=[APPROX_EXPIRE_PER_SWEEP]))
 
-    async def _drop_ownership(self, slot: int, owner: str) -> None:
+    async def _drop_ownership(self, slot: int, owner: str, model: str) -> None:
         """Forget an owner the index has no record of (someone deleted its keys by hand)."""
-        if (await self.client.hget(self.keys.kv_slot_owners, slot) or b"").decode() != owner:
+        owners, tags = self.keys.kv_slot_owners_of(model), self.keys.kv_slot_tags_of(model)
+        if (await self.client.hget(owners, slot) or b"").decode() != owner:
             return
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hdel(self.keys.kv_slot_owners, slot)
-            pipe.setrange(self.keys.kv_slot_tags, slot * 4, b"\0\0\0\0")
+            pipe.hdel(owners, slot)
+            pipe.setrange(tags, slot * 4, b"\0\0\0\0")
             await pipe.execute()
 
     # ---- readers: routers -----------------------------------------------------------------------
@@ -244,7 +253,7 @@ class PrefixIndex:
         top = int(slot_arr.max()) + 1 if slot_arr.size else 1
         prefix = self.keys.kv_block_prefix(model).encode()
         packed = [pack_mget(prefix, chain) for chain in chains if chain]
-        packed.append(_getrange(self.keys.kv_slot_tags, 4 * top))
+        packed.append(_getrange(self.keys.kv_slot_tags_of(model), 4 * top))
         if with_sums:
             packed.append(_getrange(self.keys.router_inflight(model), 8 * top))
         replies = await self.channel.call(b"".join(packed), len(packed))
@@ -275,16 +284,17 @@ class PrefixIndex:
         read = await self.read(model, [block_hashes], slots)
         return {int(s): int(o) for s, o in zip(read.slots, read.overlaps[0], strict=True)}
 
-    async def owners(self) -> dict[int, str]:
-        """slot -> worker whose bits the index holds there."""
-        raw = await self.client.hgetall(self.keys.kv_slot_owners)
+    async def owners(self, model: str | None = None) -> dict[int, str]:
+        """slot -> worker whose bits the index holds there (with hash tags: in ``model``'s index)."""
+        raw = await self.client.hgetall(self.keys.kv_slot_owners if model is None else self.keys.kv_slot_owners_of(model))
         return {int(s): w.decode() for s, w in raw.items()}
 
-    async def sizes(self, worker_ids: Sequence[str]) -> dict[str, int]:
-        """How many blocks the index lists for each worker (events and approximate guesses)."""
+    async def sizes(self, worker_ids: Sequence[str], model: str | None = None) -> dict[str, int]:
+        """How many blocks the index lists for each worker (events and approximate guesses; with hash
+        tags, workers of ``model``)."""
         async with self.client.pipeline(transaction=False) as pipe:
             for wid in worker_ids:
-                pipe.scard(self.keys.kv_worker(wid))
-                pipe.zcard(self.keys.kv_worker_approx(wid))
+                pipe.scard(self.keys.kv_worker(wid, model))
+                pipe.zcard(self.keys.kv_worker_approx(wid, model))
             counts = await pipe.execute()
         return {wid: int(counts[2 * i]) + int(counts[2 * i + 1]) for i, wid in enumerate(worker_ids)}

@@ -95,6 +95,8 @@ class WorkerQueue:
 
     queue: str
     exchange: str
+    #: The worker's model: where its prefix-index keys live when they carry hash tags (core.keys).
+    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +156,7 @@ class Registry:
             pipe.pexpire(lkey, ttl_ms)
             pipe.zadd(self.keys.workers, {record.worker_id: time.time() + ttl_s})
             pipe.hset(self.keys.worker_queues, record.worker_id,
-                      json.dumps(asdict(WorkerQueue(record.queue, record.pool_queue))))
+                      json.dumps(asdict(WorkerQueue(record.queue, record.pool_queue, record.model))))
             await pipe.execute()
 
     async def heartbeat(self, record: WorkerRecord, load: WorkerLoad, ttl_s: float) -> WorkerRecord | None:
@@ -214,6 +216,11 @@ class Registry:
     async def recorded_workers(self) -> list[str]:
         """Every worker whose queue is on record: live ones, and gone ones not reaped yet."""
         return [w.decode() for w in await self.client.hkeys(self.keys.worker_queues)]
+
+    async def worker_queues(self) -> dict[str, WorkerQueue]:
+        """Every queue record (live workers, and gone ones not reaped yet)."""
+        raw = await self.client.hgetall(self.keys.worker_queues)
+        return {w.decode(): WorkerQueue(**json.loads(q)) for w, q in raw.items()}
 
     async def worker_queue(self, worker_id: str) -> WorkerQueue | None:
         """The worker's own queue, as it registered it (None: no record, e.g. already reaped)."""

@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field, model_validator
 from core.errors import InvalidRequest, NoWorkerAvailable
 from core.http_errors import install_error_handlers
 from core.keys import Keys
-from core.redis_client import background_client
+from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings, get_settings
 from router.control import clear_kv_blocks
 from router.kv_policy import KvPolicy, publishes_kv_events
@@ -122,8 +122,9 @@ def tokenize(model_path: str, text: str) -> list[int]:
 class RouterService:
     """What the endpoints use: the registry (cached for ``registry_refresh_s``) and the KV policy."""
 
-    def __init__(self, settings: Settings, client: aioredis.Redis) -> None:
-        keys = Keys(settings.redis.namespace)
+    def __init__(self, settings: Settings, client: aioredis.Redis, keys: Keys | None = None) -> None:
+        """``client``: the Redis holding the routing state (core.redis_topology)."""
+        keys = keys or Keys(settings.redis.namespace)
         self.settings = settings
         self.client = client
         self.keys = keys
@@ -155,7 +156,10 @@ class RouterService:
 
     async def list_workers(self, model: str | None) -> WorkerList:
         workers = await self.workers(model)
-        sizes = await self.policy.index.sizes([w.record.worker_id for w in workers])
+        sizes: dict[str, int] = {}
+        for model in {w.record.model for w in workers}:  # per model: its own shard on a cluster
+            sizes.update(await self.policy.index.sizes([w.record.worker_id for w in workers
+                                                        if w.record.model == model], model))
         return WorkerList(data=[
             WorkerPublic(
                 worker_id=w.record.worker_id, model=w.record.model, pool=w.record.pool, queue=w.record.queue,
@@ -174,11 +178,13 @@ def create_app(settings: Settings | None = None, *, reaper: bool = True) -> Fast
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = background_client(settings.redis.url)
-        service = RouterService(settings, client)
+        topology = RedisTopology.from_settings(settings.redis)
+        planes = RedisPlanes.open(topology, "background")
+        service = RouterService(settings, planes.index, topology.keys)
         app.state.service = service
         task = (asyncio.get_running_loop().create_task(
-            run_reaper(service.registry, service.policy.index, settings.router.reaper_interval_s), name="reaper")
+            run_reaper(service.registry, service.policy.index, settings.router.reaper_interval_s,
+                       broker=planes.broker), name="reaper")
             if reaper else None)
         try:
             yield
@@ -188,7 +194,7 @@ def create_app(settings: Settings | None = None, *, reaper: bool = True) -> Fast
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await service.policy.aclose()
-            await client.aclose()
+            await planes.aclose()
 
     app = FastAPI(title="Sluice router", lifespan=lifespan)
 

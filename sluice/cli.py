@@ -232,15 +232,14 @@ def _add_flower(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _drain(args: argparse.Namespace) -> int:
     import asyncio
 
-    import redis.asyncio as aioredis
-
     from core.keys import Keys
+    from core.redis_topology import RedisTopology
     from router.control import drain_worker
 
     settings = get_settings()
 
     async def send() -> int:
-        client = aioredis.from_url(settings.redis.url)
+        client = RedisTopology.from_settings(settings.redis).broker_client("background")
         try:
             return await drain_worker(client, Keys(settings.redis.namespace), args.worker_id)
         finally:

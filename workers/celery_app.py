@@ -41,7 +41,9 @@ def create_celery_app() -> Celery:
         worker_hijack_root_logger=False,
         worker_send_task_events=settings.worker.task_events,
         task_send_sent_event=False,
-        broker_transport_options={"visibility_timeout": 3600, "global_keyprefix": keys.broker_prefix},
+        broker_transport_options={"visibility_timeout": 3600, "global_keyprefix": keys.broker_prefix,
+                                  # read by kombu's sentinel:// transport only (a Sentinel-managed broker)
+                                  "master_name": settings.redis.sentinel_master},
         worker_disable_rate_limits=True,
         # Task events flushed in batches (every few ms) instead of after every consumer loop turn.
         worker_consumer="workers.consumer:Consumer",

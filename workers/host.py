@@ -57,7 +57,7 @@ from core.messages import (
     request_from_builtins,
     request_to_builtins,
 )
-from core.redis_client import background_client
+from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings
 from core.wire import GENERATE_TASK, task_message
 from router.registry import Registry, WorkerIdentity, WorkerLoad, WorkerRecord
@@ -83,7 +83,7 @@ class EngineHost:
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics, init=False)
 
     def __post_init__(self) -> None:
-        self.keys = Keys(self.settings.redis.namespace)
+        self.keys = RedisTopology.from_settings(self.settings.redis).keys
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-loop", daemon=True)
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -150,11 +150,14 @@ class EngineHost:
 
     # ---- on the loop ------------------------------------------------------------------------
     async def _start(self) -> None:
-        self.redis = background_client(self.settings.redis.url)
+        # The broker's Redis carries token deltas, control commands and frontend leases; the registry and
+        # the prefix index go to the routing state's Redis (the same one unless they are apart).
+        self.planes = RedisPlanes.open(RedisTopology.from_settings(self.settings.redis), "background")
+        self.redis = self.planes.broker
         self.publisher = DeltaPublisher(self.redis, self.keys)
         self.publisher.start()
-        self.registry = Registry(self.redis, self.keys)
-        self.kv = KvRelay(self.redis, self.keys, self.identity.worker_id, self.identity.model, self.metrics)
+        self.registry = Registry(self.planes.index, self.keys)
+        self.kv = KvRelay(self.planes.index, self.keys, self.identity.worker_id, self.identity.model, self.metrics)
         self.engine.on_step = self._on_step
         await self.engine.start(self._on_kv_events)
 
@@ -316,7 +319,7 @@ class EngineHost:
             except SluiceError as exc:  # the engine failed; the control channel stays up
                 log.error("clearing the KV cache failed: %s", exc.message)
             if not self.kv_events:
-                await self.kv.index.purge(self.identity.worker_id)  # the routers' guesses
+                await self.kv.index.purge(self.identity.worker_id, self.identity.model)  # the routers' guesses
         elif cmd.op in ("load_lora", "unload_lora") and cmd.lora_name:
             await self._lora(cmd)
 
@@ -486,4 +489,4 @@ class EngineHost:
             await self.registry.deregister(self.identity.worker_id)
         await self.publisher.close()
         with contextlib.suppress(Exception):
-            await self.redis.aclose()
+            await self.planes.aclose()

@@ -158,4 +158,4 @@ class KvRelay:
     async def close(self) -> None:
         """Stop relaying and purge the worker's entries from the index."""
         await self._relay.stop()
-        await self.index.purge(self.worker_id)
+        await self.index.purge(self.worker_id, self.model)

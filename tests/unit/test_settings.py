@@ -49,7 +49,7 @@ def _every_name(keys: Keys) -> dict[str, list[str]]:
     """What every member of ``keys`` names (methods called with a sample argument per parameter)."""
     names: dict[str, list[str]] = {}
     for member, _ in inspect.getmembers(Keys):
-        if member.startswith("_") or member in QUEUE_NAMES or member in ("namespace", "prefix"):
+        if member.startswith("_") or member in QUEUE_NAMES or member in ("namespace", "prefix", "hash_tags"):
             continue
         value = getattr(keys, member)
         if callable(value):
