@@ -76,8 +76,8 @@ def wait_idle(rdb: redis.Redis, stack: Stack) -> None:
         if rdb.hlen(keys.router_inflight_requests(MODEL)):
             return False
         for worker in WORKERS:
-            load = {k.decode(): float(v) for k, v in rdb.hgetall(keys.load(worker)).items() if k not in (b"updated_at", b"draining", b"loras")} | {
-                "updated_at": float(rdb.hget(keys.load(worker), "updated_at") or 0)}
+            raw = {k.decode(): v.decode() for k, v in rdb.hgetall(keys.load(worker)).items()}
+            load = {k: float(raw.get(k) or 0) for k in ("updated_at", "running", "waiting", "active_blocks")}
             if load["updated_at"] <= since or load["running"] or load["waiting"] or load["active_blocks"]:
                 return False
         return True
