@@ -17,8 +17,8 @@ systems serve it), and a conversation's earlier replies are the trace's own cann
 system sees exactly the same prompts whatever its mocker answered.
 
 Systems: Dynamo 1.6.1 with its KV router (the anchor, ``../shared/anchors/dynamo/dynamo.sh``;
-``install`` it once), Sluice with each ``--modes`` (default: ``kv``, ``round_robin``,
-``least_loaded``). Per run: requests, errors, the cached ratio (cached prompt tokens / prompt
+``install`` it once), Sluice with each ``--modes`` (default: ``kv`` with its default cost, the
+predicted time to first token; ``kv-blocks``, the block-count cost; ``round_robin``; ``least_loaded``). Per run: requests, errors, the cached ratio (cached prompt tokens / prompt
 tokens, from each response's ``usage``), TTFT mean, p50 and p90 (the client's clock: request sent
 to first text), and ratios against Dynamo's run of the same round. ``--rounds`` repeats everything,
 alternating the order of the systems; the table shows each round. Writes
@@ -172,13 +172,17 @@ def dynamo_system(script: Path) -> System:
     return System("dynamo kv", start)
 
 
-def sluice_system(mode: str, model_dir: Path, extra_env: dict[str, str]) -> System:
+def sluice_system(name: str, model_dir: Path, extra_env: dict[str, str]) -> System:
+    """``name``: a routing mode, or ``kv-blocks`` (the ``kv`` mode with the block-count cost)."""
+    mode, _, cost = name.partition("-")
+    env = {**extra_env, **({"SLUICE_ROUTER__COST": cost} if cost else {})}
+
     def start() -> tuple[str, Callable[[], None]]:
         redis = RedisServer().start()
         stack = Stack(redis_url=redis.url, namespace=f"cmp{uuid.uuid4().hex[:6]}", model_path=model_dir,
                       env_extra={"SLUICE_ENGINE": "mocker", "SLUICE_ROUTER_MODE": mode,
                                  "SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_WORKER__MOCKER__BLOCK_SIZE": str(BLOCK),
-                                 "SLUICE_WORKER__MOCKER__KV_BLOCKS": str(KV_BLOCKS), **extra_env})
+                                 "SLUICE_WORKER__MOCKER__KV_BLOCKS": str(KV_BLOCKS), **env})
 
         def stop() -> None:
             stack.stop()
@@ -193,7 +197,7 @@ def sluice_system(mode: str, model_dir: Path, extra_env: dict[str, str]) -> Syst
             stop()
             raise
         return stack.base_url, stop
-    return System(f"sluice {mode}", start)
+    return System(f"sluice {name}", start)
 
 
 def run_one(system: System, workload: Workload, words: list[str]) -> dict:
@@ -210,13 +214,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--modes", default="kv,round_robin,least_loaded")
+    ap.add_argument("--modes", default="kv,kv-blocks,round_robin,least_loaded",
+                    help="Sluice's routing modes; kv-blocks: kv with the block-count cost")
     ap.add_argument("--workloads", default="prefix,multiturn")
     ap.add_argument("--dynamo", type=Path, default=DYNAMO, help="the anchor's dynamo.sh ('' to leave Dynamo out)")
     ap.add_argument("--env", action="append", default=[], help="extra SLUICE_* setting for Sluice, NAME=VALUE")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=150)
     model_dir = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
     words = one_token_words(Tokenizer.from_file(str(model_dir / "tokenizer.json")))
     extra_env = dict(kv.split("=", 1) for kv in args.env)

@@ -29,6 +29,7 @@ from router.cluster_channel import ClusterChannel, routing_channel
 from router.prefix_index import owner_tag
 from router.resp import hex_digits, pack_args
 from router.resp_channel import PackedScript, RespChannel
+from router.time_cost import TimeWeights
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +71,13 @@ class InflightStore:
         return [k.router_inflight(model), k.router_inflight_requests(model), k.router_inflight_expiry(model)]
 
     def candidates(self, model: str, worker_ids: Sequence[str], queues: Sequence[str], slots: np.ndarray,
-                   scale: np.ndarray, active: np.ndarray, chain: np.ndarray, approx_cap: np.ndarray) -> Candidates:
+                   scale: np.ndarray, active: np.ndarray, chain: np.ndarray, approx_cap: np.ndarray,
+                   timing: np.ndarray | None = None) -> Candidates:
         """Pack a candidate list (aligned arrays): ``queues`` = each worker's own queue,
         ``scale`` = B_w / B_min, ``active`` = heartbeat load,
         ``chain`` = the number of the chain of its block size (0-based), ``approx_cap`` > 0: approximate
-        mode with at most that many guesses. Owner tags are derived from the ids."""
+        mode with at most that many guesses, ``timing`` the ``time`` cost's columns (router.time_cost;
+        None: that cost is not used). Owner tags are derived from the ids."""
         n = len(worker_ids)
         if n >= 1 << 16:
             raise ValueError(f"{n} candidates: the slot lookup holds at most 65535")
@@ -97,7 +100,8 @@ class InflightStore:
         lookup = np.zeros(int(slots.max()) + 1 if indexed.size else 0, dtype="<u2")
         lookup[slots[indexed]] = indexed + 1
         return Candidates(n_keys=len(keys), packed_keys=pack_args(*keys),
-                          packed_args=pack_args(hot.tobytes(), cold.tobytes(), b"".join(names), lookup.tobytes()))
+                          packed_args=pack_args(hot.tobytes(), cold.tobytes(), b"".join(names), lookup.tobytes(),
+                                                timing.astype("<f8").tobytes() if timing is not None else b""))
 
     async def decide(
         self,
@@ -114,6 +118,7 @@ class InflightStore:
         approx_ttl_s: float = 0.0,
         task: TaskParts | None = None,
         settle: Sequence[tuple[str, str]] = (),
+        time_weights: TimeWeights | None = None,
     ) -> Decision:
         """Score the prompt's ``chains`` (one per distinct block size, in the candidates' chain
         numbering; ``prompt_blocks`` the prompt's length in blocks of each) against the index, pick on the
@@ -121,7 +126,8 @@ class InflightStore:
         prediction and, given a ``task``, push it onto the chosen worker's queue (its list under the
         namespace's broker prefix, core.keys): one atomic call, one round trip. ``settle``: operations
         as :meth:`settle` takes them, applied first in the same call.
-        A prediction with the same request id replaces the earlier one."""
+        A prediction with the same request id replaces the earlier one. ``time_weights``: score with
+        the ``time`` cost (router.time_cost; the candidates need their timing columns), else ``blocks``."""
         per_chain = [x for chain, blocks in zip(chains, prompt_blocks, strict=True)
                      for x in (blocks, hex_digits(chain))]
         args = b"".join((
@@ -130,11 +136,14 @@ class InflightStore:
             candidates.packed_args,
             pack_args(model, self.keys.kv_block_prefix(model), int(approx_ttl_s * 1000),
                       *((task.head, task.tail) if task is not None else (b"", b"")), self.keys.broker_prefix,
+                      b"time" if time_weights is not None else b"blocks",
+                      repr(float(time_weights.slowdown if time_weights else 0.0)),
+                      repr(float(time_weights.eviction if time_weights else 0.0)),
                       len(chains), *per_chain),
             pack_args(*(x.encode() for op in settle for x in op)),
         ))
         chosen, cost, overlap, approx = await self._decide.call_packed(
-            candidates.n_keys, candidates.packed_keys, 17 + len(per_chain) + 2 * len(settle), args)
+            candidates.n_keys, candidates.packed_keys, 21 + len(per_chain) + 2 * len(settle), args)
         return Decision(int(chosen) - 1, float(cost), int(overlap), approx.decode())
 
     async def settle(self, model: str, ops: Sequence[tuple[str, str]]) -> int:

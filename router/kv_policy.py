@@ -45,13 +45,15 @@ from core.background import BackgroundTasks
 from core.errors import NoWorkerAvailable
 from core.keys import Keys
 from core.settings import RouterSettings
+from core.timing import TimingModel
 from router.cluster_channel import routing_channel
 from router.hashing import block_hashes, root_hash, token_bytes
 from router.inflight import Candidates, Decision, InflightStore
-from router.policies import RouteDecision, RouteRequest
+from router.policies import RouteDecision, RouteRequest, RouterOverrides
 from router.prefix_index import PrefixIndex, owner_tag
 from router.registry import LiveWorker, WorkerRecord
 from router.scoring import CostTerms, cost_terms, evaluate, pick_index
+from router.time_cost import TimeWeights, time_costs, timing_columns
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,11 @@ _root_hash = functools.lru_cache(maxsize=1024)(root_hash)
 
 #: The longest a release or prefill-done mark waits for a decision to ride along with.
 SETTLE_DELAY_S = 0.005
+
+
+def _timing(worker: LiveWorker) -> tuple[float, ...] | None:
+    model = TimingModel.decode_text(worker.load.timing)
+    return model.coefficients if model is not None else None
 
 
 def publishes_kv_events(record: WorkerRecord) -> bool:
@@ -85,6 +92,8 @@ class WorkerTable:
     active: np.ndarray
     approx_cap: np.ndarray
     position: dict[str, int]
+    #: The ``time`` cost's columns (router.time_cost.COLUMNS), one row per candidate.
+    timing: np.ndarray
 
     def same_workers(self, workers: Sequence[LiveWorker]) -> bool:
         return len(workers) == len(self.workers) and all(map(operator.is_, workers, self.workers))
@@ -128,6 +137,13 @@ class KvPolicy:
         self._pending: dict[str, dict[str, str]] = {}
         self._flush_timer: asyncio.TimerHandle | None = None
 
+    def _time_weights(self, over: RouterOverrides) -> TimeWeights | None:
+        """The ``time`` cost's weights, or None for the ``blocks`` cost (the deployment's, or the
+        request's own: a request that sets ``overlap_score_weight`` asks for the block formula)."""
+        if (over.cost or self.settings.cost) != "time" or (over.cost is None and over.overlap_score_weight is not None):
+            return None
+        return TimeWeights(self.settings.decode_slowdown_weight, self.settings.eviction_weight)
+
     def _approximate(self, worker: LiveWorker) -> bool:
         return self.settings.approximate or not publishes_kv_events(worker.record)
 
@@ -165,12 +181,15 @@ class KvPolicy:
             weight=self.settings.overlap_score_weight if over.overlap_score_weight is None else over.overlap_score_weight,
             temperature=self.settings.temperature if over.temperature is None else over.temperature,
             u=self._rng.random(), pinned=table.position.get(over.worker_id) if over.worker_id else None,
-            approx_ttl_s=self.settings.approx_ttl_s, task=request.task if self.enqueues else None, settle=settle)
+            approx_ttl_s=self.settings.approx_ttl_s, task=request.task if self.enqueues else None, settle=settle,
+            time_weights=self._time_weights(over))
 
     async def best(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
         """The decision :meth:`choose` would make, recording nothing (the standalone router's query)."""
         s = await self._score(request, workers)
-        costs = evaluate(s.terms, s.prefill, s.decode)
+        weights = self._time_weights(request.overrides)
+        costs = evaluate(s.terms, s.prefill, s.decode) if weights is None else \
+            time_costs(s.prompt, s.overlap, s.prefill, s.table.active, s.decode, s.table.timing, weights)
         idx = s.pinned if s.pinned is not None else pick_index(costs, s.temperature, self._rng.random())
         record = s.workers[idx].record
         return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=int(s.overlap[idx]),
@@ -246,14 +265,17 @@ class KvPolicy:
         ids = [r.worker_id for r in records]
         active = np.fromiter((w.load.active_blocks for w in workers), dtype=np.int64, count=n)
         chain_no = np.searchsorted(block_sizes, sizes)
+        timing = timing_columns([_timing(w) for w in workers], [r.max_batched_tokens for r in records],
+                                [w.load.total_blocks or r.kv_blocks for w, r in zip(workers, records, strict=True)],
+                                [w.load.running for w in workers], [r.block_size for r in records])
         table = WorkerTable(
             workers=tuple(workers), ids=ids, slots=slots, sizes=sizes, block_sizes=block_sizes,
             candidates=self.inflight.candidates(model, ids, [r.queue for r in records], slots, sizes / sizes.min(),
-                                                active, chain_no, caps),
+                                                active, chain_no, caps, timing),
             chain_no=chain_no, indexed=indexed,
             tags=np.fromiter((owner_tag(ids[i]) for i in indexed), np.int64, count=indexed.size),
             active=active,
-            approx_cap=caps, position={wid: i for i, wid in reversed(list(enumerate(ids)))})
+            approx_cap=caps, position={wid: i for i, wid in reversed(list(enumerate(ids)))}, timing=timing)
         self._tables[key] = table
         return table
 

@@ -23,6 +23,8 @@ class RouterOverrides:
     """Per-request routing parameters (``x-sluice-router`` header or the ``sluice`` extension)."""
 
     mode: str | None = None
+    #: The ``kv`` mode's cost: ``time`` or ``blocks`` (core.settings.RouterSettings.cost).
+    cost: str | None = None
     overlap_score_weight: float | None = None
     temperature: float | None = None
     worker_id: str | None = None

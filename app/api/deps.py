@@ -35,7 +35,8 @@ AccountsDep = Annotated[Accounts, Depends(accounts_of)]
 CallerDep = Annotated[Principal | None, Depends(caller)]
 
 _FLOAT_FIELDS = {"overlap_score_weight", "temperature", "disagg_min_tokens", "disagg_min_ratio", "max_migrations"}
-_STR_FIELDS = {"mode", "worker_id", "disagg"}
+_STR_FIELDS = {"mode", "worker_id", "disagg", "cost"}
+_COSTS = {"time", "blocks"}
 
 
 def parse_router_header(value: str | None) -> dict[str, object]:
@@ -60,6 +61,8 @@ def parse_router_header(value: str | None) -> dict[str, object]:
             if not math.isfinite(number) or number < 0:
                 raise InvalidRequest(f"x-sluice-router: {name} must be a finite number >= 0", param="x-sluice-router")
             out[name] = number
+        elif name == "cost" and raw not in _COSTS:
+            raise InvalidRequest("x-sluice-router: cost must be time or blocks", param="x-sluice-router")
         else:
             out[name] = raw
     return out

@@ -32,6 +32,8 @@ class RouterExtension(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     mode: Text | None = None
+    #: The ``kv`` mode's cost: ``time`` (predicted time to first token) or ``blocks``.
+    cost: Literal["time", "blocks"] | None = None
     overlap_score_weight: Annotated[Number, Field(ge=0)] | None = None
     temperature: Annotated[Number, Field(ge=0)] | None = None
     worker_id: Text | None = None

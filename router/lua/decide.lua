@@ -22,17 +22,21 @@ local cold = ARGV[8]     -- 6 little-endian doubles per candidate: approx cap, a
                          -- offset and length of its worker id, and of its queue, in `names`
 local names = ARGV[9]    -- the candidates' worker ids and queues, concatenated
 local lookup = ARGV[10]  -- a little-endian uint16 per slot: the candidate at that slot (1-based) or 0
-local model = ARGV[11]
-local prefix = ARGV[12]  -- the model's block key prefix
-local approx_ttl_ms = tonumber(ARGV[13])
-local task_head, task_tail = ARGV[14], ARGV[15]  -- '' and '': enqueue nothing
-local broker_prefix = ARGV[16]  -- what a queue's Redis list is named with before the queue (core.keys)
-local nchains = tonumber(ARGV[17])
--- ARGV[16 + 2c], ARGV[17 + 2c] for chain c = 1..nchains: the prompt's length in blocks and its hex
+local timing = ARGV[11]  -- 10 little-endian doubles per candidate (router.time_cost.COLUMNS), or ''
+local model = ARGV[12]
+local prefix = ARGV[13]  -- the model's block key prefix
+local approx_ttl_ms = tonumber(ARGV[14])
+local task_head, task_tail = ARGV[15], ARGV[16]  -- '' and '': enqueue nothing
+local broker_prefix = ARGV[17]  -- what a queue's Redis list is named with before the queue (core.keys)
+local cost_kind = ARGV[18]      -- 'time' (router.time_cost) or 'blocks' (router.scoring)
+local slowdown_weight = tonumber(ARGV[19])
+local eviction_weight = tonumber(ARGV[20])
+local nchains = tonumber(ARGV[21])
+-- ARGV[20 + 2c], ARGV[21 + 2c] for chain c = 1..nchains: the prompt's length in blocks and its hex
 -- chain; then pending in-flight operations (pairs, as RELEASE takes them).
-local function chain_blocks(c) return tonumber(ARGV[16 + 2 * c]) end
-local function chain_hex(c) return ARGV[17 + 2 * c] end
-local FIRST_PENDING = 18 + 2 * nchains
+local function chain_blocks(c) return tonumber(ARGV[20 + 2 * c]) end
+local function chain_hex(c) return ARGV[21 + 2 * c] end
+local FIRST_PENDING = 22 + 2 * nchains
 
 local function undo(id)
   local rec = redis.call('HGET', requests_key, id)
@@ -166,14 +170,48 @@ local sums = redis.call('GET', sums_key) or ''
 -- S[2s+1], S[2s+2]: decode and queued prefill sums of slot s (slots past the string read as 0).
 local top = math.min(nslots, floor(#sums / 8))
 local S = top > 0 and unpack_all('>I4', 4, string.sub(sums, 1, 8 * top)) or {}
-local costs, low, max = {}, math.huge, math.max
+local costs, low, max, min, ceil = {}, math.huge, math.max, math.min, math.ceil
+-- The time cost (router.time_cost, same order of operations): T[b + 1 .. b + 10] = p0, p1, p2, d0,
+-- d1, d2, step token budget, KV blocks, running requests, block size of candidate i (b = 10 (i - 1)).
+local T = cost_kind == 'time' and unpack_all('<d', 8, timing) or nil
+local function pre(b, t)
+  if t <= 0 then return 0 end
+  local v = T[b + 1] + T[b + 2] * t + T[b + 3] * t * t
+  if v < 0 then return 0 end
+  return v
+end
+local function prefill(b, nt)
+  local m = T[b + 7]
+  local k = ceil(nt / m)
+  local full = max(k - 1, 0)
+  return full * pre(b, m) + pre(b, nt - full * m), k
+end
 for i = 1, n do
   local o = 5 * i - 5
   local s, scale = H[o + 1], H[o + 2]
   local dsum, psum = 0, 0
   if s >= 0 and s < top then dsum, psum = S[2 * s + 1], S[2 * s + 2] end
-  local sw = scale * weight
-  local c = sw * (prompt[H[o + 4]] - (overlap[i] or 0)) + sw * psum + scale * max(H[o + 3], dsum)
+  local c
+  if T then
+    local b = 10 * (i - 1)
+    local bs = T[b + 10]
+    local blocks = prompt[H[o + 4]] - (overlap[i] or 0)
+    local own = max(blocks * bs, 1)
+    local q = psum * bs
+    local busy = max(H[o + 3], dsum)
+    local total, k = prefill(b, q + own)
+    local before = prefill(b, q)
+    local u = min(busy / T[b + 8], 1)
+    local dec = 0
+    if busy > 0 then dec = max(T[b + 4] + T[b + 5] * u + T[b + 6] * u * u, 0) end
+    local ttft = total + k * dec + dec * 0.5
+    local slowdown = T[b + 9] * (total - before)
+    local evicted = max(blocks - (T[b + 8] - busy - psum), 0)
+    c = ttft + slowdown_weight * slowdown + eviction_weight * (evicted * bs * T[b + 2])
+  else
+    local sw = scale * weight
+    c = sw * (prompt[H[o + 4]] - (overlap[i] or 0)) + sw * psum + scale * max(H[o + 3], dsum)
+  end
   costs[i] = c
   if c < low then low = c end
 end

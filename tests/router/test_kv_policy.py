@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections import Counter
 
@@ -12,11 +13,13 @@ import redis.asyncio as aioredis
 
 from core.errors import NoWorkerAvailable
 from core.keys import Keys
+from core.timing import TimingModel
 from core.settings import RouterSettings
 from router.hashing import block_hashes, root_hash
 from router.kv_policy import KvPolicy
 from router.policies import RouteRequest, RouterOverrides, TaskParts
 from router.prefix_index import PrefixIndex
+from router.registry import LiveWorker
 from sluice.devstack import RedisServer
 from tests.router.factories import RoundTripCounter, make_worker, wait_for
 
@@ -33,8 +36,9 @@ def req(rid: str, tokens: list[int] = PROMPT, **overrides) -> RouteRequest:  # t
 
 
 def policy(client: aioredis.Redis, keys: Keys, seed: int = 0, **settings) -> KvPolicy:  # type: ignore[no-untyped-def]
-    """The arithmetic in these tests is at overlap_score_weight 1 unless a test says otherwise."""
-    return KvPolicy(client, keys, RouterSettings(**{"overlap_score_weight": 1.0, **settings}), rng=random.Random(seed))
+    """The arithmetic in these tests is the block cost at overlap_score_weight 1 unless a test says otherwise."""
+    return KvPolicy(client, keys, RouterSettings(**{"overlap_score_weight": 1.0, "cost": "blocks", **settings}),
+                    rng=random.Random(seed))
 
 
 async def test_prefers_the_cached_prefix(aredis: aioredis.Redis, keys: Keys, index: PrefixIndex) -> None:
@@ -263,15 +267,28 @@ async def test_approximate_guesses_are_purged_with_the_worker(aredis: aioredis.R
     assert await index.owners() == {}
 
 
+def _timed(worker: LiveWorker, rng: random.Random) -> LiveWorker:
+    """``worker`` with a step-time model of its own (or none yet), running requests and a KV size."""
+    timing = "" if rng.random() < 0.2 else TimingModel(
+        (rng.uniform(5, 30), rng.uniform(0.001, 0.05), rng.uniform(0, 1e-5)),
+        (rng.uniform(1, 10), rng.uniform(0, 60), rng.uniform(-30, 0))).encode()
+    return dataclasses.replace(worker, load=dataclasses.replace(
+        worker.load, timing=timing, running=rng.randrange(0, 9), total_blocks=rng.choice([0, 30, 200, 1000])))
+
+
+@pytest.mark.parametrize("cost", ["blocks", "time"])
 async def test_redis_decision_matches_the_pure_scoring(aredis: aioredis.Redis, keys: Keys,
-                                                       index: PrefixIndex) -> None:
-    """choose() finishes the cost inside Redis; best() in numpy. Same state and same u: same answer."""
+                                                       index: PrefixIndex, cost: str) -> None:
+    """choose() finishes the cost inside Redis; best() in numpy. Same state and same u: same answer
+    (the block formula and the predicted time alike; for the time cost, workers with and without a
+    fitted model, small step budgets so that prefills take several steps, caches that must evict)."""
     rng = random.Random(42)
     sizes = [4, 8, 16]
     for scenario in range(25):
         model_tokens = [rng.randrange(50) for _ in range(rng.randrange(16, 200))]
-        workers = [make_worker(f"s{scenario}w{i}", i, active_blocks=rng.randrange(0, 40),
-                               block_size=rng.choice(sizes)) for i in range(6)]
+        workers = [_timed(make_worker(f"s{scenario}w{i}", i, active_blocks=rng.randrange(0, 40),
+                                      block_size=rng.choice(sizes), max_batched_tokens=rng.choice([0, 16, 64, 8192])),
+                          rng) for i in range(6)]
         for w in workers:
             held = chain(model_tokens, w.record.block_size)
             await index.resync(w.record.worker_id, w.record.slot, "m", held[: rng.randrange(len(held) + 1)], 0)
@@ -282,10 +299,14 @@ async def test_redis_decision_matches_the_pure_scoring(aredis: aioredis.Redis, k
                                     worker_id=pin), workers)
         temperature = rng.choice([0.0, 0.0, 5.0])
         weight = rng.choice([0.0, 1.0, 2.5])
-        expected = await policy(aredis, keys, seed=1000 + scenario).best(
-            req("x", model_tokens, temperature=temperature, overlap_score_weight=weight), workers)
-        got = await policy(aredis, keys, seed=1000 + scenario).choose(
-            req("x", model_tokens, temperature=temperature, overlap_score_weight=weight), workers)
+        knobs = {"temperature": temperature, "cost": cost,
+                 **({"overlap_score_weight": weight} if cost == "blocks" else {})}
+        settings = {"cost": cost, "decode_slowdown_weight": rng.choice([0.0, 0.05, 1.0]),
+                    "eviction_weight": rng.choice([0.0, 0.5])}
+        expected = await policy(aredis, keys, seed=1000 + scenario, **settings).best(req("x", model_tokens, **knobs),
+                                                                                     workers)
+        got = await policy(aredis, keys, seed=1000 + scenario, **settings).choose(req("x", model_tokens, **knobs),
+                                                                                  workers)
         assert got == expected
         await aredis.delete(keys.router_inflight("m"), keys.router_inflight_requests("m"),
                             keys.router_inflight_expiry("m"))

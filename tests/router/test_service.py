@@ -38,6 +38,7 @@ def model_dir(tmp_path: Path) -> Path:
 async def http(redis_server: RedisServer, redis_client, namespace: str) -> AsyncIterator[httpx.AsyncClient]:  # type: ignore[no-untyped-def]
     settings = Settings(redis=RedisSettings(url=redis_server.url, namespace=namespace))
     settings.router.registry_refresh_s = 0.001
+    settings.router.cost = "blocks"  # the arithmetic below is the block formula's
     app = create_app(settings, reaper=False)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
