@@ -21,6 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+from app.chunked_tokens import ChunkedEncoder, chunkable
 from core.errors import InvalidRequest
 
 
@@ -63,6 +64,9 @@ class ModelCard:
     #: The chat template's source: which tool-call and reasoning formats the model speaks is read
     #: from it (app.tool_prompt, app.chat_output).
     template_source: str = ""
+    #: Long texts tokenized chunk by chunk, the chunks' ids remembered (None: the tokenizer fails the
+    #: self-test; app.chunked_tokens).
+    chunked: ChunkedEncoder | None = None
 
     @classmethod
     def load(cls, name: str, path: Path, created: int = 0, context_length: int | None = None) -> ModelCard:
@@ -87,7 +91,8 @@ class ModelCard:
                    bos_token=_token_text(tok_cfg.get("bos_token")), eos_token=_token_text(tok_cfg.get("eos_token")),
                    chat_template=template, created=created, special_ids=special,
                    max_token_chars=max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1),
-                   sampling_defaults=sampling_defaults(gen_cfg), template_source=template_src or "")
+                   sampling_defaults=sampling_defaults(gen_cfg), template_source=template_src or "",
+                   chunked=ChunkedEncoder(tokenizer) if chunkable(tokenizer) else None)
 
     @property
     def vocab_size(self) -> int:
@@ -118,10 +123,14 @@ class ModelCard:
             raise InvalidRequest(f"the chat template rejected the messages: {exc}", param="messages") from exc
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        """The token ids of ``text``. Through ``encode_batch``, which gives the same ids as
+        """The token ids of ``text``. Through ``encode_batch_fast``, which gives the same ids as
         ``encode`` but releases the GIL while it works (``encode`` holds it throughout: a long
-        text tokenized in a worker thread would stall the event loop just the same)."""
-        return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        text tokenized in a worker thread would stall the event loop just the same) and skips the
+        offsets nobody reads. A long text goes chunk by chunk through :attr:`chunked`, which
+        tokenizes only the chunks it has not seen."""
+        if self.chunked is not None and len(text) > 2 * self.chunked.chunk_chars:
+            return self.chunked.encode(text)
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
