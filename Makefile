@@ -40,7 +40,7 @@ VLLM_INSTALL = $(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK) && \
 	$(VLLM_BIN)/pip install -q --no-deps "nixl==$(NIXL_VERSION)" -e .
 endif
 
-.PHONY: run observe test test-fast test-vllm bench bench-vllm bench-disagg bench-router bench-reliability bench-aiperf lint venv venv-vllm venv-aiperf redis models clean
+.PHONY: run observe test test-fast test-vllm bench bench-vllm bench-disagg bench-router bench-dynamo bench-reliability bench-aiperf lint venv venv-vllm venv-aiperf redis models clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	@echo "==> Installing $(VENV) from $(LOCK): the frontend, the mocker and the test tools (pip, quiet; a minute or two the first time)"
@@ -172,6 +172,14 @@ bench-router: venv
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.router_bench
 	$(BIN)/python -m bench.router_quality
+	$(MAKE) bench-dynamo
+
+## Sluice's kv routing against NVIDIA Dynamo 1.6.1's (the anchor in ../shared/anchors/dynamo, installed
+## once with `dynamo.sh install`) in real time, 4 mocker workers each, shared-prefix and multi-turn
+## workloads under KV pressure, plus Sluice's round_robin and least_loaded. About 10 minutes.
+bench-dynamo: venv
+	./scripts/ensure_redis.sh
+	$(BIN)/python -m bench.dynamo_compare
 
 ## Reliability: a worker SIGKILLed mid-stream (migration cost, token-exact), 2,000 concurrent streams
 ## for 60 s (errors, frontend RSS), Redis restarted 5 times under load (recovery, 503s). About 3 minutes.
