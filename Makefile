@@ -172,6 +172,7 @@ bench-router: venv
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.router_bench
 	$(BIN)/python -m bench.router_quality
+	$(BIN)/python -m bench.scale_bench
 
 ## Reliability: a worker SIGKILLed mid-stream (migration cost, token-exact), 2,000 concurrent streams
 ## for 60 s (errors, frontend RSS), Redis restarted 5 times under load (recovery, 503s). About 3 minutes.
