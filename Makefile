@@ -172,6 +172,7 @@ bench-router: venv
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.router_bench
 	$(BIN)/python -m bench.router_quality
+	$(BIN)/python -m bench.scale_bench
 	$(MAKE) bench-dynamo
 
 ## Sluice's kv routing against NVIDIA Dynamo 1.6.1's (the anchor in ../shared/anchors/dynamo, installed

@@ -2,6 +2,11 @@
 -- and starts the worker's lease: from now on the reaper (router/lua/reap.lua) leaves the worker alone,
 -- even before its registration is written. A slot whose holder's lease has expired counts as free.
 -- Returns the slot, or -1 if none is free (then no lease is started).
+--
+-- Two reads whatever the number of workers (the slot hash, the live part of the lease zset), then a
+-- walk over Lua tables: one call per slot made a registration cost Redis milliseconds at a thousand
+-- workers (4096 HGETs and a ZSCORE per held slot), and a burst of registrations starved everyone's
+-- heartbeats.
 
 local slots_key = KEYS[1]    -- slot -> worker id
 local workers_key = KEYS[2]  -- workers zset (score: lease expiry)
@@ -11,19 +16,25 @@ local max_slots = tonumber(ARGV[2])
 local now = tonumber(ARGV[3])
 local lease_expiry = ARGV[4]  -- unix seconds
 
+local owner_of, mine = {}, nil
+local flat = redis.call('HGETALL', slots_key)
+for j = 1, #flat, 2 do
+  local slot = tonumber(flat[j])
+  owner_of[slot] = flat[j + 1]
+  if flat[j + 1] == worker_id and (mine == nil or slot < mine) then mine = slot end
+end
+
 local free = -1
-for i = 0, max_slots - 1 do
-  local owner = redis.call('HGET', slots_key, i)
-  if owner == worker_id then
-    free = i
-    break
-  end
-  if free < 0 then
-    if not owner then
+if mine ~= nil and mine < max_slots then
+  free = mine
+else
+  local live = {}
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', workers_key, now, '+inf')) do live[w] = true end
+  for i = 0, max_slots - 1 do
+    local owner = owner_of[i]
+    if not owner or not live[owner] then
       free = i
-    else
-      local expires = redis.call('ZSCORE', workers_key, owner)
-      if (not expires) or tonumber(expires) < now then free = i end
+      break
     end
   end
 end

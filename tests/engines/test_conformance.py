@@ -18,6 +18,7 @@ from core.errors import ContextLengthExceeded, InvalidRequest, SluiceError
 from core.messages import SamplingParams
 from router.hashing import block_hashes, root_hash
 from tests.engines.conftest import EngineCase
+from tests.support.kv_events import PrefixClosureChecker
 from workers.engines.base import EngineOutput, EngineRequest
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
@@ -315,3 +316,54 @@ async def test_bad_prompts_are_refused_with_the_reason(engine: EngineCase) -> No
     assert load.running == load.waiting == 0
     outputs = await collect(engine, engine.prompt(8), SamplingParams(max_tokens=2, temperature=0.0))
     assert outputs[-1].finish_reason == "length"
+
+
+async def _one_and_close(case: EngineCase, prompt: list[int]) -> None:
+    """Start a request and leave after its first output (its blocks, some of a chain, go back)."""
+    request = EngineRequest(new_id("conf-chain"), prompt, greedy_to_length(64))
+    async with contextlib.aclosing(case.engine.generate(request)) as stream:
+        await asyncio.wait_for(anext(stream), TIMEOUT_S)
+
+
+async def test_cached_blocks_stay_prefix_closed_through_evictions(engine: EngineCase) -> None:
+    """The prefix index's search relies on it (router.prefix_index): a worker holding a block holds its
+    parent. Waves of concurrent requests on a few shared prefixes, with long private suffixes, some
+    generated blocks, a request left early per wave and earlier prompts asked again, until the cache
+    has evicted for a while; every batch of events the engine reported (this test's and all earlier
+    ones) is replayed and the held set checked after each."""
+    info = engine.engine.info
+    bs = info.block_size
+    out_tokens = bs + 2  # the output fills a block: generated blocks extend the chains
+    prefix_len = 4 * bs
+    suffix_len = min(info.context_length - prefix_len - out_tokens - 1, 192 * bs)
+    assert suffix_len >= bs, "the context is too short for this test"
+    per_request_blocks = (prefix_len + suffix_len + out_tokens) // bs
+    # Enough waves for the private suffixes to overflow the cache about three times.
+    max_waves = 3 * info.kv_blocks // (8 * per_request_blocks) + 3
+    prefixes = [engine.prompt(prefix_len) for _ in range(4)]
+    seen: list[list[int]] = []
+    log_start = len(engine.kv_events.batches())
+    hits = 0
+    evicting_waves = 0
+    for wave in range(max_waves):
+        prompts = [prefixes[(wave + i) % 4] + engine.prompt(suffix_len) for i in range(7)]
+        again = [seen[(wave * 5 + k) % len(seen)] for k in range(2)] if seen else []
+        results = await asyncio.gather(
+            *(collect(engine, p, greedy_to_length(out_tokens)) for p in [*prompts, *again]),
+            _one_and_close(engine, prefixes[wave % 4] + engine.prompt(suffix_len)))
+        for outputs in results[:-1]:
+            usage = outputs[-1].usage
+            assert usage is not None
+            hits += usage.cached_tokens >= prefix_len
+        seen += prompts
+        checker = PrefixClosureChecker().replay(engine.kv_events.batches()[log_start:])
+        if checker.removed:
+            evicting_waves += 1
+            if evicting_waves >= 3:
+                break
+    assert evicting_waves >= 3, f"no evictions after {max_waves} waves: the workload is too small for the cache"
+    assert hits > 0, "no request reused a shared prefix"
+    # Every batch since the engine started, this test's included (raises at the first broken batch).
+    checker = PrefixClosureChecker().replay(engine.kv_events.batches())
+    assert checker.removed and checker.stored
+    assert await eventually(lambda: engine.kv_events.replay() == set(engine.engine.cached_block_hashes()))
