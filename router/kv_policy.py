@@ -267,7 +267,8 @@ class KvPolicy:
         chain_no = np.searchsorted(block_sizes, sizes)
         timing = timing_columns([_timing(w) for w in workers], [r.max_batched_tokens for r in records],
                                 [w.load.total_blocks or r.kv_blocks for w, r in zip(workers, records, strict=True)],
-                                [w.load.running for w in workers], [r.block_size for r in records])
+                                [w.load.running for w in workers], [r.block_size for r in records],
+                                [w.load.cached_blocks for w in workers])
         table = WorkerTable(
             workers=tuple(workers), ids=ids, slots=slots, sizes=sizes, block_sizes=block_sizes,
             candidates=self.inflight.candidates(model, ids, [r.queue for r in records], slots, sizes / sizes.min(),

@@ -82,6 +82,8 @@ class WorkerLoad:
     loras: str = ""
     #: The worker's step-time model fitted from its own steps (workers.timing_model; "": none yet).
     timing: str = ""
+    #: KV blocks holding cached content (in use or evictable): what is left of ``total_blocks`` is free.
+    cached_blocks: int = 0
 
     def has_lora(self, name: str) -> bool:
         return name in self.loras.split(",")

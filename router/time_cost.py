@@ -13,11 +13,14 @@ Each worker measures its own step time (workers.timing_model) and publishes the 
     ttft     = prefill(queued + own) + k × dec + dec / 2     (each prefill step also decodes the running
                                                                requests; half a step already in progress)
     slowdown = R × (prefill(queued + own) − prefill(queued))  (the delay its prefill adds to each running decode)
-    evicted  = max(0, (prompt − overlap) − (K − busy − queued_w))   blocks it pushes out of a full cache
+    evicted  = max(0, (prompt − overlap) − (K − max(C, busy) − queued_w))   cached blocks it pushes out
+                                                (C: blocks holding cached content; the rest are free)
     cost     = ttft + slowdown_weight × slowdown + eviction_weight × evicted × B × p1
 
-The eviction term is what recomputing the evicted blocks would cost (``p1`` per token) if they are
-needed again, with ``eviction_weight`` the chance they are. A worker that has not fitted its model
+The eviction term is what recomputing the cached blocks it evicts would cost (``p1`` per token) if
+they are needed again, with ``eviction_weight`` the chance they are: on a worker whose cache is full
+every block it computes pushes one out, so under KV pressure a miss costs more than its own
+prefill, and keeping a prompt where its prefix already is keeps the other workers' caches intact. A worker that has not fitted its model
 yet (too few steps) is predicted with the mocker's published one (:data:`DEFAULT_TIMING`).
 
 The routing script in Redis (router/lua/decide.lua) computes the same costs in the same order of
@@ -37,7 +40,7 @@ DEFAULT_TIMING = (16.50142, 1.518344e-02, 4.209989e-07, 5.74, 54.01, -25.74)
 #: A worker that does not say how many tokens one step computes is taken to compute this many.
 DEFAULT_BUDGET = 8192
 #: Per-candidate columns, in the order the script reads them.
-COLUMNS = ("p0", "p1", "p2", "d0", "d1", "d2", "budget", "kv_blocks", "running", "block_size")
+COLUMNS = ("p0", "p1", "p2", "d0", "d1", "d2", "budget", "kv_blocks", "running", "block_size", "cached_blocks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +50,13 @@ class TimeWeights:
 
 
 def timing_columns(timings: Sequence[tuple[float, ...] | None], budgets: Sequence[int], kv_blocks: Sequence[int],
-                   running: Sequence[int], block_sizes: Sequence[int]) -> np.ndarray:
+                   running: Sequence[int], block_sizes: Sequence[int],
+                   cached_blocks: Sequence[int] | None = None) -> np.ndarray:
     """The candidates' columns (one row each, :data:`COLUMNS`), defaults filled in."""
+    cached = cached_blocks if cached_blocks is not None else [0] * len(budgets)
     rows = [(*(t if t is not None else DEFAULT_TIMING), float(m or DEFAULT_BUDGET), float(max(k, 1)), float(r),
-             float(b)) for t, m, k, r, b in zip(timings, budgets, kv_blocks, running, block_sizes, strict=True)]
+             float(b), float(c))
+            for t, m, k, r, b, c in zip(timings, budgets, kv_blocks, running, block_sizes, cached, strict=True)]
     return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(COLUMNS))
 
 
@@ -84,5 +90,5 @@ def time_costs(prompt: Sequence[int] | np.ndarray, overlap: Sequence[int] | np.n
     dec = np.where(busy > 0, np.maximum(cols[:, 3] + cols[:, 4] * u + cols[:, 5] * u * u, 0.0), 0.0)
     ttft = total + k * dec + dec * 0.5
     slowdown = cols[:, 8] * (total - before)
-    evicted = np.maximum(blocks - (cols[:, 7] - busy - q_blocks), 0.0)
+    evicted = np.maximum(blocks - (cols[:, 7] - np.maximum(cols[:, 10], busy) - q_blocks), 0.0)
     return ttft + weights.slowdown * slowdown + weights.eviction * (evicted * bs * cols[:, 1])

@@ -22,7 +22,7 @@ local cold = ARGV[8]     -- 6 little-endian doubles per candidate: approx cap, a
                          -- offset and length of its worker id, and of its queue, in `names`
 local names = ARGV[9]    -- the candidates' worker ids and queues, concatenated
 local lookup = ARGV[10]  -- a little-endian uint16 per slot: the candidate at that slot (1-based) or 0
-local timing = ARGV[11]  -- 10 little-endian doubles per candidate (router.time_cost.COLUMNS), or ''
+local timing = ARGV[11]  -- 11 little-endian doubles per candidate (router.time_cost.COLUMNS), or ''
 local model = ARGV[12]
 local prefix = ARGV[13]  -- the model's block key prefix
 local approx_ttl_ms = tonumber(ARGV[14])
@@ -171,8 +171,9 @@ local sums = redis.call('GET', sums_key) or ''
 local top = math.min(nslots, floor(#sums / 8))
 local S = top > 0 and unpack_all('>I4', 4, string.sub(sums, 1, 8 * top)) or {}
 local costs, low, max, min, ceil = {}, math.huge, math.max, math.min, math.ceil
--- The time cost (router.time_cost, same order of operations): T[b + 1 .. b + 10] = p0, p1, p2, d0,
--- d1, d2, step token budget, KV blocks, running requests, block size of candidate i (b = 10 (i - 1)).
+-- The time cost (router.time_cost, same order of operations): T[b + 1 .. b + 11] = p0, p1, p2, d0,
+-- d1, d2, step token budget, KV blocks, running requests, block size, cached blocks of candidate i
+-- (b = 11 (i - 1)).
 local T = cost_kind == 'time' and unpack_all('<d', 8, timing) or nil
 local function pre(b, t)
   if t <= 0 then return 0 end
@@ -193,7 +194,7 @@ for i = 1, n do
   if s >= 0 and s < top then dsum, psum = S[2 * s + 1], S[2 * s + 2] end
   local c
   if T then
-    local b = 10 * (i - 1)
+    local b = 11 * (i - 1)
     local bs = T[b + 10]
     local blocks = prompt[H[o + 4]] - (overlap[i] or 0)
     local own = max(blocks * bs, 1)
@@ -206,7 +207,7 @@ for i = 1, n do
     if busy > 0 then dec = max(T[b + 4] + T[b + 5] * u + T[b + 6] * u * u, 0) end
     local ttft = total + k * dec + dec * 0.5
     local slowdown = T[b + 9] * (total - before)
-    local evicted = max(blocks - (T[b + 8] - busy - psum), 0)
+    local evicted = max(blocks - (T[b + 8] - max(T[b + 11], busy) - psum), 0)
     c = ttft + slowdown_weight * slowdown + eviction_weight * (evicted * bs * T[b + 2])
   else
     local sw = scale * weight

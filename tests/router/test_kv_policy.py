@@ -273,7 +273,8 @@ def _timed(worker: LiveWorker, rng: random.Random) -> LiveWorker:
         (rng.uniform(5, 30), rng.uniform(0.001, 0.05), rng.uniform(0, 1e-5)),
         (rng.uniform(1, 10), rng.uniform(0, 60), rng.uniform(-30, 0))).encode()
     return dataclasses.replace(worker, load=dataclasses.replace(
-        worker.load, timing=timing, running=rng.randrange(0, 9), total_blocks=rng.choice([0, 30, 200, 1000])))
+        worker.load, timing=timing, running=rng.randrange(0, 9), total_blocks=rng.choice([0, 30, 200, 1000]),
+        cached_blocks=rng.choice([0, 25, 190, 999])))
 
 
 @pytest.mark.parametrize("cost", ["blocks", "time"])

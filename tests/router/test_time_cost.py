@@ -54,3 +54,14 @@ def test_each_worker_is_predicted_with_its_own_model() -> None:
     both = timing_columns([None, fast], [8192, 8192], [1000, 1000], [0, 0], [16, 16])
     costs = time_costs([100, 100], [0, 0], [0, 0], [0, 0], [0, 0], both, NO_EXTRAS)
     assert costs[0] == pytest.approx(prefill_ms(1600)) and costs[1] == pytest.approx(1.0 + 1.6)
+
+
+def test_on_a_full_cache_every_computed_block_evicts_one() -> None:
+    # 40 uncached blocks on a worker whose 1,000 blocks all hold cached content: all 40 push one out;
+    # with 960 of them cached, 40 are free and nothing is pushed out.
+    full = timing_columns([None], [8192], [1000], [0], [16], [1000])
+    roomy = timing_columns([None], [8192], [1000], [0], [16], [960])
+    weights = TimeWeights(0.0, 1.0)
+    plain = time_costs([100], [60], [0], [0], [0], full, NO_EXTRAS)[0]
+    assert time_costs([100], [60], [0], [0], [0], full, weights)[0] == pytest.approx(plain + 40 * 16 * DEFAULT_TIMING[1])
+    assert time_costs([100], [60], [0], [0], [0], roomy, weights)[0] == pytest.approx(plain)
