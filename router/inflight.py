@@ -101,7 +101,7 @@ class InflightStore:
         lookup[slots[indexed]] = indexed + 1
         return Candidates(n_keys=len(keys), packed_keys=pack_args(*keys),
                           packed_args=pack_args(hot.tobytes(), cold.tobytes(), b"".join(names), lookup.tobytes(),
-                                                timing.astype("<f8").tobytes() if timing is not None else b""))
+                                                timing.astype("<f4").tobytes() if timing is not None else b""))
 
     async def decide(
         self,

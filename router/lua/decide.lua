@@ -22,7 +22,7 @@ local cold = ARGV[8]     -- 6 little-endian doubles per candidate: approx cap, a
                          -- offset and length of its worker id, and of its queue, in `names`
 local names = ARGV[9]    -- the candidates' worker ids and queues, concatenated
 local lookup = ARGV[10]  -- a little-endian uint16 per slot: the candidate at that slot (1-based) or 0
-local timing = ARGV[11]  -- 11 little-endian doubles per candidate (router.time_cost.COLUMNS), or ''
+local timing = ARGV[11]  -- 11 little-endian floats per candidate (router.time_cost.COLUMNS), or ''
 local model = ARGV[12]
 local prefix = ARGV[13]  -- the model's block key prefix
 local approx_ttl_ms = tonumber(ARGV[14])
@@ -174,7 +174,7 @@ local costs, low, max, min, ceil = {}, math.huge, math.max, math.min, math.ceil
 -- The time cost (router.time_cost, same order of operations): T[b + 1 .. b + 11] = p0, p1, p2, d0,
 -- d1, d2, step token budget, KV blocks, running requests, block size, cached blocks of candidate i
 -- (b = 11 (i - 1)).
-local T = cost_kind == 'time' and unpack_all('<d', 8, timing) or nil
+local T = cost_kind == 'time' and unpack_all('<f', 4, timing) or nil
 local function pre(b, t)
   if t <= 0 then return 0 end
   local v = T[b + 1] + T[b + 2] * t + T[b + 3] * t * t
