@@ -18,7 +18,7 @@ system sees exactly the same prompts whatever its mocker answered.
 
 Systems: Dynamo 1.6.1 with its KV router (the anchor, ``../shared/anchors/dynamo/dynamo.sh``;
 ``install`` it once), Sluice with each ``--modes`` (default: ``kv`` with its default cost, the
-predicted time to first token; ``kv-blocks``, the block-count cost; ``round_robin``; ``least_loaded``). Per run: requests, errors, the cached ratio (cached prompt tokens / prompt
+block formula; ``kv-time``, the predicted time to first token; ``round_robin``; ``least_loaded``). Per run: requests, errors, the cached ratio (cached prompt tokens / prompt
 tokens, from each response's ``usage``), TTFT mean, p50 and p90 (the client's clock: request sent
 to first text), and ratios against Dynamo's run of the same round. ``--rounds`` repeats everything,
 alternating the order of the systems; the table shows each round. Writes
@@ -173,7 +173,7 @@ def dynamo_system(script: Path) -> System:
 
 
 def sluice_system(name: str, model_dir: Path, extra_env: dict[str, str]) -> System:
-    """``name``: a routing mode, or ``kv-blocks`` (the ``kv`` mode with the block-count cost)."""
+    """``name``: a routing mode, or ``kv-time`` / ``kv-blocks`` (the ``kv`` mode with that cost)."""
     mode, _, cost = name.partition("-")
     env = {**extra_env, **({"SLUICE_ROUTER__COST": cost} if cost else {})}
 
@@ -214,8 +214,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--modes", default="kv,kv-blocks,round_robin,least_loaded",
-                    help="Sluice's routing modes; kv-blocks: kv with the block-count cost")
+    ap.add_argument("--modes", default="kv,kv-time,round_robin,least_loaded",
+                    help="Sluice's routing modes; kv-time / kv-blocks: kv with that cost")
     ap.add_argument("--workloads", default="prefix,multiturn")
     ap.add_argument("--dynamo", type=Path, default=DYNAMO, help="the anchor's dynamo.sh ('' to leave Dynamo out)")
     ap.add_argument("--env", action="append", default=[], help="extra SLUICE_* setting for Sluice, NAME=VALUE")

@@ -123,14 +123,15 @@ class WorkerSettings(BaseModel):
 
 class RouterSettings(BaseModel):
     mode: RouterMode = "kv"
-    #: The ``kv`` mode's cost (docs/routing.md): ``time``, each worker's predicted time to first token
-    #: from its own step-time model (router.time_cost); ``blocks``, the block-count formula
-    #: (router.scoring) weighed by ``overlap_score_weight``.
-    cost: Literal["time", "blocks"] = "time"
+    #: The ``kv`` mode's cost (docs/routing.md): ``blocks``, the block-count formula (router.scoring)
+    #: weighed by ``overlap_score_weight``; ``time``, each worker's predicted time to first token from
+    #: its own step-time model (router.time_cost). ``blocks`` stays the default until ``time`` measures
+    #: better (bench/dynamo_compare.py; docs/routing.md has the figures).
+    cost: Literal["time", "blocks"] = "blocks"
     #: ``time`` cost: weight of the delay a prefill adds to the worker's running decodes (ms summed
-    #: over them), and of the recompute time of the blocks it evicts from a full cache.
+    #: over them), and of the recompute time of the cached blocks it evicts from a full cache.
     decode_slowdown_weight: float = Field(0.05, ge=0)
-    eviction_weight: float = Field(0.5, ge=0)
+    eviction_weight: float = Field(1.0, ge=0)
     overlap_score_weight: float = Field(8.0, ge=0)
     temperature: float = Field(0.0, ge=0)
     registry_refresh_s: float = Field(0.25, gt=0)

@@ -42,6 +42,8 @@ class Candidates:
     n_keys: int
     packed_keys: bytes
     packed_args: bytes
+    #: The ``time`` cost's columns as the script's argument (sent only with a decision that uses them).
+    packed_timing: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +102,8 @@ class InflightStore:
         lookup = np.zeros(int(slots.max()) + 1 if indexed.size else 0, dtype="<u2")
         lookup[slots[indexed]] = indexed + 1
         return Candidates(n_keys=len(keys), packed_keys=pack_args(*keys),
-                          packed_args=pack_args(hot.tobytes(), cold.tobytes(), b"".join(names), lookup.tobytes(),
-                                                timing.astype("<f4").tobytes() if timing is not None else b""))
+                          packed_args=pack_args(hot.tobytes(), cold.tobytes(), b"".join(names), lookup.tobytes()),
+                          packed_timing=pack_args(timing.astype("<f4").tobytes() if timing is not None else b""))
 
     async def decide(
         self,
@@ -134,6 +136,7 @@ class InflightStore:
             pack_args(request_id.encode(), self.ttl_ms, repr(float(u)), repr(float(temperature)),
                       0 if pinned is None else pinned + 1, repr(float(weight))),
             candidates.packed_args,
+            candidates.packed_timing if time_weights is not None else pack_args(b""),
             pack_args(model, self.keys.kv_block_prefix(model), int(approx_ttl_s * 1000),
                       *((task.head, task.tail) if task is not None else (b"", b"")), self.keys.broker_prefix,
                       b"time" if time_weights is not None else b"blocks",
