@@ -18,8 +18,9 @@ system sees exactly the same prompts whatever its mocker answered.
 
 Systems: Dynamo 1.6.1 with its KV router (the anchor, ``../shared/anchors/dynamo/dynamo.sh``;
 ``install`` it once), Sluice with each ``--modes`` (default: ``kv`` with its default cost, the
-block formula; ``kv-time``, the predicted time to first token; ``round_robin``; ``least_loaded``). Per run: requests, errors, the cached ratio (cached prompt tokens / prompt
-tokens, from each response's ``usage``), TTFT mean, p50 and p90 (the client's clock: request sent
+block formula; ``kv-time``, the predicted time to first token; ``round_robin``; ``least_loaded``).
+Per run: requests, errors, the cached ratio (cached prompt tokens / prompt tokens, from each
+response's ``usage``), TTFT mean, p50 and p90 (the client's clock: request sent
 to first text), and ratios against Dynamo's run of the same round. ``--rounds`` repeats everything,
 alternating the order of the systems; the table shows each round. Writes
 bench/results/dynamo_compare.json.
@@ -37,7 +38,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp

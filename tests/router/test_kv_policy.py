@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 
 from core.errors import NoWorkerAvailable
 from core.keys import Keys
-from core.timing import TimingModel
 from core.settings import RouterSettings
+from core.timing import TimingModel
 from router.hashing import block_hashes, root_hash
 from router.kv_policy import KvPolicy
 from router.policies import RouteRequest, RouterOverrides, TaskParts
