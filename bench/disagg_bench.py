@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import orjson
 from rich.console import Console
 from rich.table import Table
 from tokenizers import Tokenizer
 
+from bench.sse_trace import sse_events
 from bench.stats import pct
 from core.settings import Settings
 from sluice.devstack import RedisServer, Stack
@@ -64,11 +64,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict, on_token
     async with session.post(url, json=body) as resp:
         if resp.status != 200:
             return None
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                continue
-            event = orjson.loads(line[5:])
+        async for event in sse_events(resp):
             if "error" in event:
                 return None
             if any(c.get("text") for c in event.get("choices") or ()):

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import orjson
 from rich.console import Console
 from rich.table import Table
 from tokenizers import Tokenizer
 
 from bench.chat_workloads import Workload, multiturn_workload, prefix_workload
+from bench.sse_trace import sse_events
 from bench.stats import pct
 from core.settings import Settings
 from sluice.devstack import REPO, RedisServer, Stack, free_port
@@ -108,11 +108,7 @@ async def _request(session: aiohttp.ClientSession, url: str, prompt: str, n: int
         async with session.post(f"{url}/v1/completions", json=body) as resp:
             if resp.status != 200:
                 return Result(False, 0, 0, 0, f"HTTP {resp.status}")
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                    continue
-                event = orjson.loads(line[5:])
+            async for event in sse_events(resp):
                 if "error" in event:
                     return Result(False, 0, 0, 0, str(event["error"])[:100])
                 if first is None and any(c.get("text") for c in event.get("choices") or ()):

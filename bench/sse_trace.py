@@ -5,7 +5,7 @@ with and without a failure (aiohttp, the caller's session)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -47,6 +47,14 @@ class Trace:
         """The longest wait between two arrivals: the pause a client saw mid-stream."""
         times = self.token_times
         return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+
+
+async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+    """The JSON events of a streamed answer (``[DONE]`` and comments left out)."""
+    async for raw in resp.content:
+        line = raw.strip()
+        if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+            yield orjson.loads(line[5:])
 
 
 async def stream_trace(session: aiohttp.ClientSession, url: str, body: dict, headers: dict[str, str] | None = None,

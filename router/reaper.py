@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,6 +68,19 @@ class Reaped:
         return self.status == "done" and bool(self.removed or self.blocks_cleared or self.messages_dropped)
 
 
+async def reap_each(reap: Callable[[str], Awaitable[Reaped]], worker_ids: list[str]) -> list[Reaped]:
+    """Reap each gone worker in turn; what was done to those fully reaped."""
+    done = []
+    for worker_id in worker_ids:
+        reaped = await reap(worker_id)
+        if reaped.status == "done":
+            done.append(reaped)
+        if reaped.acted:
+            log.info("reaped gone worker %s: %d index blocks, %d queued messages dropped", worker_id,
+                     reaped.blocks_cleared, reaped.messages_dropped)
+    return done
+
+
 class Reaper:
     def __init__(self, registry: Registry, index: PrefixIndex, grace_s: float = REAP_GRACE_S) -> None:
         self.registry = registry
@@ -100,14 +114,7 @@ class Reaper:
         owners = set((await self.index.owners()).values())
         candidates = owners | set(await self.registry.expired_workers()) | set(await self.registry.recorded_workers())
         live = {w.record.worker_id for w in await self.registry.live_workers()}
-        done = []
-        for worker_id in sorted(candidates - live):
-            reaped = await self.reap(worker_id)
-            if reaped.status == "done":
-                done.append(reaped)
-            if reaped.acted:
-                log.info("reaped gone worker %s: %d index blocks, %d queued messages dropped", worker_id,
-                         reaped.blocks_cleared, reaped.messages_dropped)
+        done = await reap_each(self.reap, sorted(candidates - live))
         await self.index.expire_guesses(sorted(owners & live))
         return done
 
@@ -168,14 +175,7 @@ class SplitReaper(Reaper):
         self._models = {wid: m for m, owners in owners_by_model.items() if m for wid in owners}
         owners = set().union(*owners_by_model.values())
         candidates = owners | set(await self.registry.expired_workers()) | set(records)
-        done = []
-        for worker_id in sorted(candidates - live):
-            reaped = await self.reap(worker_id)
-            if reaped.status == "done":
-                done.append(reaped)
-            if reaped.acted:
-                log.info("reaped gone worker %s: %d index blocks, %d queued messages dropped", worker_id,
-                         reaped.blocks_cleared, reaped.messages_dropped)
+        done = await reap_each(self.reap, sorted(candidates - live))
         for model, model_owners in owners_by_model.items():
             await self.index.expire_guesses(sorted(model_owners & live), model)
         return done

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,29 @@ class ToolParser(Protocol):
     def parse(self, text: str) -> ParsedOutput: ...
 
     def streamer(self) -> ToolStreamer: ...
+
+
+Event = TypeVar("Event")
+
+
+class HeldText(Generic[Event]):
+    """A streamer's shared part: text is held until :meth:`_drain` can tell what it is; ``feed``
+    adds to it, ``finish`` drains what is left (``final``: no more text will come)."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, text: str) -> list[Event]:
+        self._held += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[Event]:
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> list[Event]:
+        raise NotImplementedError
 
 
 def dump_arguments(arguments: dict[str, object]) -> str:

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from app.parsing.base import (
     ContentDelta,
+    HeldText,
     ParsedOutput,
     ParsedToolCall,
     StreamEvent,
@@ -41,23 +42,16 @@ def decode_block(body: str) -> list[ParsedToolCall] | None:
     return [c for c in calls if c is not None]
 
 
-class HermesStreamer:
+class HermesStreamer(HeldText[StreamEvent]):
     """One output's state: the text not yet told, whether it is inside a block, calls so far."""
 
-    __slots__ = ("_held", "_inside", "_close_from", "_calls")
+    __slots__ = ("_inside", "_close_from", "_calls")
 
     def __init__(self) -> None:
-        self._held = ""
+        super().__init__()
         self._inside = False
         self._close_from = len(OPEN)
         self._calls = 0
-
-    def feed(self, text: str) -> list[StreamEvent]:
-        self._held += text
-        return self._drain(final=False)
-
-    def finish(self) -> list[StreamEvent]:
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> list[StreamEvent]:
         events: list[StreamEvent] = []

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from app.parsing.base import (
     ContentDelta,
+    HeldText,
     ParsedOutput,
     StreamEvent,
     call_from_object,
@@ -36,25 +37,18 @@ class _State(Enum):
     CONTENT = auto()
 
 
-class Llama3JsonStreamer:
+class Llama3JsonStreamer(HeldText[StreamEvent]):
     """One output's state. ``_held`` is text not yet told; while in ``OBJECT`` the object starts at
     ``_scanner``'s start (after the lead, which stays held until the first call is told)."""
 
-    __slots__ = ("_held", "_state", "_scanner", "_object_at", "_calls")
+    __slots__ = ("_state", "_scanner", "_object_at", "_calls")
 
     def __init__(self) -> None:
-        self._held = ""
+        super().__init__()
         self._state = _State.LEAD
         self._scanner = BracketScanner('"')
         self._object_at = 0
         self._calls = 0
-
-    def feed(self, text: str) -> list[StreamEvent]:
-        self._held += text
-        return self._drain(final=False)
-
-    def finish(self) -> list[StreamEvent]:
-        return self._drain(final=True)
 
     def _open_object(self, at: int) -> None:
         self._state, self._object_at, self._scanner = _State.OBJECT, at, BracketScanner('"', at)

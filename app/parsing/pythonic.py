@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from app.parsing.base import (
     ContentDelta,
+    HeldText,
     ParsedOutput,
     ParsedToolCall,
     StreamEvent,
@@ -101,24 +102,17 @@ class _State(Enum):
     CONTENT = auto()
 
 
-class PythonicStreamer:
+class PythonicStreamer(HeldText[StreamEvent]):
     """One output's state; while in ``LIST`` the list starts at ``_scanner``'s start, the lead before
     it still held so that a list that is not calls is told as content whole."""
 
-    __slots__ = ("_held", "_state", "_scanner", "_list_at")
+    __slots__ = ("_state", "_scanner", "_list_at")
 
     def __init__(self) -> None:
-        self._held = ""
+        super().__init__()
         self._state = _State.LEAD
         self._scanner = BracketScanner("'\"")
         self._list_at = 0
-
-    def feed(self, text: str) -> list[StreamEvent]:
-        self._held += text
-        return self._drain(final=False)
-
-    def finish(self) -> list[StreamEvent]:
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> list[StreamEvent]:
         events: list[StreamEvent] = []

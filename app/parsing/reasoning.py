@@ -20,6 +20,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import Literal
 
+from app.parsing.base import HeldText
 from app.parsing.scan import partial_marker_len, skip_lead
 
 Channel = Literal["reasoning", "content"]
@@ -41,23 +42,16 @@ class _State(Enum):
     CONTENT = auto()
 
 
-class ReasoningStreamer:
+class ReasoningStreamer(HeldText[ReasoningEvent]):
     """One output's state: the text held back and where in the output the stream is."""
 
-    __slots__ = ("_start", "_end", "_held", "_state")
+    __slots__ = ("_start", "_end", "_state")
 
     def __init__(self, start: str, end: str, starts_in_reasoning: bool) -> None:
+        super().__init__()
         self._start = start
         self._end = end
-        self._held = ""
         self._state = _State.LEAD if starts_in_reasoning else _State.BEFORE
-
-    def feed(self, text: str) -> list[ReasoningEvent]:
-        self._held += text
-        return self._drain(final=False)
-
-    def finish(self) -> list[ReasoningEvent]:
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> list[ReasoningEvent]:
         events: list[ReasoningEvent] = []
