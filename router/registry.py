@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 
 from core.keys import MAX_WORKER_SLOTS, Keys
 from core.lua import lua_script
+from router.cluster_channel import ClusterChannel, routing_channel
 from router.resp import pack_command
 from router.resp_channel import RespChannel
 
@@ -171,12 +172,13 @@ def _marker(reply: Sequence[bytes] | dict[bytes, bytes]) -> list[bytes | None]:
     return [values.get(b"slot"), values.get(b"started_at")]
 
 class Registry:
-    def __init__(self, client: aioredis.Redis, keys: Keys, *, channel: RespChannel | None = None) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, *,
+                 channel: RespChannel | ClusterChannel | None = None) -> None:
         self.client = client
         self.keys = keys
         self._claim = client.register_script(lua_script("router", "claim_slot.lua"))
         #: The registry's own connection for the listing's hand-packed reads.
-        self.channel = channel or RespChannel(client)
+        self.channel = channel or routing_channel(client)  # a cluster's: the registry's keys share one slot
         #: The registrations the last ``live_workers`` saw, by worker id: their slot and start time as
         #: Redis holds them, and the parsed record.
         self._records: dict[bytes, tuple[list[bytes | None], WorkerRecord]] = {}
