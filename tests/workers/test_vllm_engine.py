@@ -135,8 +135,8 @@ def test_a_step_is_read_from_vllm_iteration_details() -> None:
                                         num_generation_requests=2, num_generation_tokens=2, elapsed_ms=12.5)
     iteration = IterationStats()
     iteration.num_preempted_reqs = 1
-    assert step_of(SchedulerStats(iteration_details=details), iteration) == StepStats(
-        0.0125, prefill_tokens=100, decode_tokens=2, preemptions=1)
+    assert step_of(SchedulerStats(iteration_details=details, kv_cache_usage=0.25), iteration) == StepStats(
+        0.0125, prefill_tokens=100, decode_tokens=2, preemptions=1, kv_usage=0.25)
     assert step_of(SchedulerStats(), iteration) == StepStats(None, preemptions=1)
     assert step_of(SchedulerStats(), IterationStats()) is None
     dummy = SchedulerIterationDetails(iteration_index=4, num_ctx_requests=0, num_ctx_tokens=0,
@@ -204,11 +204,15 @@ async def test_a_prompt_longer_than_the_context_is_refused(engine: EngineCase) -
     assert outputs[-1].finish_reason == "length"
 
 
-async def test_a_lora_adapter_is_refused_as_a_bad_request(engine: EngineCase) -> None:
+async def test_an_adapter_not_loaded_is_refused_as_a_bad_request(engine: EngineCase) -> None:
     """A client's mistake (400), not an engine failure (502): the host passes the error's type on."""
     request = EngineRequest(f"vllm-lora-{uuid.uuid4().hex[:8]}", engine.prompt(8), SamplingParams(max_tokens=2),
                             lora="an-adapter")
     with pytest.raises(InvalidRequest, match="LoRA") as refused:
         await asyncio.wait_for(anext(engine.engine.generate(request)), 10)
-    assert (refused.value.status_code, refused.value.code) == (400, "lora_not_supported")
+    assert (refused.value.status_code, refused.value.code) == (400, "lora_not_loaded")
+    # This engine was started without LoRA: loading one is refused too, saying so.
+    with pytest.raises(InvalidRequest, match="without LoRA support") as no_lora:
+        await engine.engine.load_lora("an-adapter", "/nonexistent")
+    assert no_lora.value.code == "lora_not_supported"
     assert engine.engine.load().running == engine.engine.load().waiting == 0

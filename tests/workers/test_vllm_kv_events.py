@@ -241,12 +241,14 @@ async def test_the_feed_reads_vllms_own_publisher_over_zmq() -> None:
         # A PUB socket drops what it sends before the connection is up: send empty batches until one
         # arrives (any that follow it are in sequence and carry nothing).
         async def connected() -> list[bytes]:
+            # One pending read for all the tries: cancelling a read (wait_for on a timeout) would close
+            # the subscriber's generator.
+            pending = asyncio.ensure_future(messages.__anext__())
             while True:
                 publisher.publish(v.KVEventBatch(ts=1.0, events=[]))
-                try:
-                    return await asyncio.wait_for(messages.__anext__(), 0.5)
-                except TimeoutError:
-                    continue
+                done, _ = await asyncio.wait({pending}, timeout=0.5)
+                if done:
+                    return pending.result()
         frames = await connected()
         feed.next_seq = int.from_bytes(frames[1], "big")
         feed.receive(frames)
