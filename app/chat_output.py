@@ -37,8 +37,9 @@ ToolMode = Literal["off", "auto", "required", "named"]
 @dataclass(frozen=True, slots=True)
 class OutputPlan:
     tool_mode: ToolMode = "off"
-    #: ``auto``: the model's tool-call parser; named: the function.
-    tool_parser: str | None = None
+    #: The model's tool-call parser (app.parser_choice): what ``auto`` output is read with, and the
+    #: format tools are written into a prompt in (app.tool_prompt); named: the function.
+    tool_parser: str = "hermes"
     function: str | None = None
     parallel: bool = True
     reasoning_parser: str | None = None
@@ -60,7 +61,7 @@ def output_plan(body: ChatCompletionRequest, card: ModelCard, frontend: Frontend
         mode = "required"
     else:
         mode = "named"
-    return OutputPlan(tool_mode=mode, tool_parser=tool_parser_name(card, frontend) if mode == "auto" else None,
+    return OutputPlan(tool_mode=mode, tool_parser=tool_parser_name(card, frontend),
                       function=None if isinstance(choice, str) or choice is None else choice.function.name,
                       parallel=body.parallel_tool_calls is not False,
                       reasoning_parser=reasoning_parser_name(card, frontend))
@@ -96,7 +97,7 @@ def whole_message(plan: OutputPlan, text: str) -> tuple[ResponseMessage, bool]:
         return ResponseMessage("assistant", text), False
     reasoning, content = _split_reasoning(plan, text)
     calls: list[ParsedToolCall] = []
-    if plan.tool_mode == "auto" and plan.tool_parser:
+    if plan.tool_mode == "auto":
         parsed = get_tool_parser(plan.tool_parser).parse(content)
         calls = parsed.tool_calls
         if calls:  # without calls the content stays as it came (whitespace included)
@@ -146,8 +147,7 @@ class ChoiceShaper:
     def __post_init__(self) -> None:
         plan = self.plan
         self._reasoning = get_reasoning_parser(plan.reasoning_parser).streamer() if plan.reasoning_parser else None
-        self._tools = get_tool_parser(plan.tool_parser).streamer() \
-            if plan.tool_mode == "auto" and plan.tool_parser else None
+        self._tools = get_tool_parser(plan.tool_parser).streamer() if plan.tool_mode == "auto" else None
 
     def feed(self, text: str) -> list[Delta]:
         if self.plan.plain:

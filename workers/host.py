@@ -194,7 +194,7 @@ class EngineHost:
         load = replace(self.engine.load(), updated_at=time.time(), draining=self._draining,
                        kv_resyncs=self.metrics.kv_index_resyncs_total(),
                        tokens_per_s=self._token_rate.sample(self.metrics.generated_tokens_total(), time.monotonic()),
-                       loras=",".join(self.engine.loras()), cached_blocks=len(self.engine.cached_block_hashes()))
+                       loras=",".join(self.engine.loras()), cached_blocks=self.engine.cached_block_count())
         self.timing.set_usage(load.kv_usage)
         model = self.timing.model()
         if model is not None:

@@ -14,7 +14,6 @@ from app.chat_output import ChoiceShaper, OutputPlan, output_plan, whole_message
 from app.chat_output import finish_reason as finish_reason_of
 from app.logprobs import Entries, chat_logprobs
 from app.model_card import ModelCard
-from app.parser_choice import tool_parser_name
 from app.prompting import chat_prompt_ids
 from app.protocol.chat import (
     ChatChoice,
@@ -40,17 +39,15 @@ class Chat(Endpoint):
         check_tools(body)
         self.body = body
         self.plan = OutputPlan()
-        self.tool_format = "hermes"
         #: Streaming: each choice's shaper, and the logprobs of text it holds back.
         self._shapers: dict[int, ChoiceShaper] = {}
         self._held_logprobs: dict[int, ChatLogprobs] = {}
 
     def prepare(self, card: ModelCard, frontend: FrontendSettings) -> None:
         self.plan = output_plan(self.body, card, frontend)
-        self.tool_format = tool_parser_name(card, frontend)
 
     async def prompt_ids(self, card: ModelCard) -> list[int]:
-        return await chat_prompt_ids(card, self.body, self.tool_format)
+        return await chat_prompt_ids(card, self.body, self.plan.tool_parser)
 
     @property
     def max_tokens(self) -> int | None:

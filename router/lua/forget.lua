@@ -7,6 +7,7 @@
 -- registered again meanwhile (router/lua/claim_slot.lua starts the lease) keeps its registration.
 -- Returns {status, removed}; status: 'spared' (live, or its lease ended after ended_before: nothing
 -- done), 'gone' (check only), 'done'; removed: 1 when this call removed the registry entry.
+-- include: helpers.lua
 
 local workers_key = KEYS[1]  -- registry: worker id -> lease expiry (zset)
 local worker_key = KEYS[2]   -- the worker's registration (hash with the lease TTL)
@@ -23,10 +24,4 @@ local expiry = redis.call('ZSCORE', workers_key, worker_id)
 if expiry and tonumber(expiry) >= ended_before then return {'spared', 0} end
 if not forget then return {'gone', 0} end
 
-redis.call('HDEL', queues_key, worker_id)
-redis.call('DEL', load_key)
-local slots = redis.call('HGETALL', slots_key)
-for i = 1, #slots, 2 do
-  if slots[i + 1] == worker_id then redis.call('HDEL', slots_key, slots[i]) end
-end
-return {'done', redis.call('ZREM', workers_key, worker_id)}
+return {'done', drop_registration(workers_key, load_key, slots_key, queues_key, worker_id)}

@@ -132,3 +132,15 @@ local function expire_guesses(zset_key, meta_key, now, limit)
   call_chunked('ZREM', zset_key, gone)
   return #gone
 end
+
+-- A gone worker's registry entry: its queue record, its load, its slot(s) and its lease; returns 1
+-- when this call removed the lease entry (of several reapers racing, exactly one does).
+local function drop_registration(workers_key, load_key, slots_key, queues_key, worker_id)
+  redis.call('HDEL', queues_key, worker_id)
+  redis.call('DEL', load_key)
+  local slots = redis.call('HGETALL', slots_key)
+  for i = 1, #slots, 2 do
+    if slots[i + 1] == worker_id then redis.call('HDEL', slots_key, slots[i]) end
+  end
+  return redis.call('ZREM', workers_key, worker_id)
+end

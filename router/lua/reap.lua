@@ -43,11 +43,5 @@ for i = FIRST_QUEUE_KEY, last_list do
   redis.call('DEL', KEYS[i])
 end
 for i = last_list + 1, #KEYS do redis.call('SREM', KEYS[i], member) end
-redis.call('HDEL', queues_key, worker_id)
-redis.call('DEL', load_key)
-local slots = redis.call('HGETALL', slots_key)
-for i = 1, #slots, 2 do
-  if slots[i + 1] == worker_id then redis.call('HDEL', slots_key, slots[i]) end
-end
-local removed = redis.call('ZREM', workers_key, worker_id)
+local removed = drop_registration(workers_key, load_key, slots_key, queues_key, worker_id)
 return {'done', cleared, dropped, removed}

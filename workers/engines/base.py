@@ -238,6 +238,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
 
+    def cached_block_count(self) -> int:
+        """How many blocks hold cached content (what :meth:`cached_block_hashes` lists, counted)."""
+        return len(self.cached_block_hashes())
+
     async def load_lora(self, name: str, path: str) -> None:
         """Load the LoRA adapter in directory ``path`` as ``name`` (engines with the ``lora``
         feature); InvalidRequest when it cannot be loaded."""

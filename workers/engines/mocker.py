@@ -231,6 +231,9 @@ class MockerEngine(Engine):
     def cached_block_hashes(self) -> list[int]:
         return self._kv.cached_hashes()
 
+    def cached_block_count(self) -> int:
+        return self._kv.cached_count
+
     # ---- what a simulation may read (benchmarks' reference policies; no router can see this) ---
     def prompt_hit_tokens(self, token_ids: Sequence[int], lora: str | None = None) -> int:
         """Prompt tokens the prefix cache would reuse if ``token_ids`` were admitted now (as at

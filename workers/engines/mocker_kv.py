@@ -60,6 +60,11 @@ class KvBlockManager:
         """Blocks an allocation can get: free ones plus evictable cached ones."""
         return self.free + len(self._evictable)
 
+    @property
+    def cached_count(self) -> int:
+        """How many blocks are in the prefix cache (in use or evictable)."""
+        return len(self._refs)
+
     def cached_hashes(self) -> list[int]:
         """Every block hash in the prefix cache, in the order the blocks were registered."""
         return list(self._refs)

@@ -500,6 +500,9 @@ class VllmEngine(Engine):
     def cached_block_hashes(self) -> list[int]:
         return self._translator.cached_hashes() if self._translator is not None else []
 
+    def cached_block_count(self) -> int:
+        return self._translator.cached_count if self._translator is not None else 0
+
     # ---- LoRA adapters --------------------------------------------------------------------------
     async def load_lora(self, name: str, path: str) -> None:
         """Load a PEFT adapter into vLLM (its id: a number of this worker's own; vLLM keys the KV

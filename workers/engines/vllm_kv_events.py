@@ -177,6 +177,10 @@ class KvEventTranslator:
     def cached_hashes(self) -> list[int]:
         return list(self._sluice_refs)
 
+    @property
+    def cached_count(self) -> int:
+        return len(self._sluice_refs)
+
     def cached_prefix_tokens(self, token_ids: list[int]) -> int:
         """How many leading tokens of ``token_ids`` (whole blocks) the prefix cache holds now."""
         held = 0
