@@ -158,15 +158,16 @@ class System:
     start: Callable[[], tuple[str, Callable[[], None]]]  # -> (base url, stop)
 
 
-def dynamo_system(script: Path) -> System:
+def dynamo_system(script: Path, router: str = "kv") -> System:
+    """Dynamo's frontend with its router mode ``router`` (``kv``, ``round-robin``, ``random``)."""
     def start() -> tuple[str, Callable[[], None]]:
         port = free_port()
         env = {**os.environ, "PORT": str(port), "WORKERS": str(WORKERS), "BLOCK": str(BLOCK),
-               "KV_BLOCKS": str(KV_BLOCKS), "SPEEDUP": "1.0", "ROUTER": "kv"}
+               "KV_BLOCKS": str(KV_BLOCKS), "SPEEDUP": "1.0", "ROUTER": router}
         subprocess.run(["bash", str(script), "start"], env=env, check=True, capture_output=True, timeout=180)
         return f"http://127.0.0.1:{port}", lambda: subprocess.run(["bash", str(script), "stop"], env=env,
                                                                    capture_output=True, timeout=60, check=False)
-    return System("dynamo kv", start)
+    return System(f"dynamo {router}", start)
 
 
 def sluice_system(name: str, model_dir: Path, extra_env: dict[str, str]) -> System:
@@ -215,6 +216,8 @@ def main() -> None:
                     help="Sluice's routing modes; kv-time / kv-blocks: kv with that cost")
     ap.add_argument("--workloads", default="prefix,multiturn")
     ap.add_argument("--dynamo", type=Path, default=DYNAMO, help="the anchor's dynamo.sh ('' to leave Dynamo out)")
+    ap.add_argument("--dynamo-modes", default="kv",
+                    help="Dynamo's router modes to run (kv, round-robin, random); ratios are against its kv")
     ap.add_argument("--env", action="append", default=[], help="extra SLUICE_* setting for Sluice, NAME=VALUE")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
@@ -224,7 +227,7 @@ def main() -> None:
     extra_env = dict(kv.split("=", 1) for kv in args.env)
     systems = [sluice_system(m, model_dir, extra_env) for m in args.modes.split(",") if m]
     if str(args.dynamo) and args.dynamo.is_file():
-        systems.insert(0, dynamo_system(args.dynamo))
+        systems[:0] = [dynamo_system(args.dynamo, m) for m in args.dynamo_modes.split(",") if m]
     else:
         console.print(f"[yellow]Dynamo's anchor not found at {args.dynamo}: Sluice's modes only[/]")
     runs: list[dict] = []

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import shutil
 import signal
 import socket
@@ -107,10 +108,49 @@ def _stop_everything() -> None:
         forget(thing)
 
 
+#: Ports handed out by :func:`free_port` in this process, so that two calls never return the same one.
+_handed_out: set[int] = set()
+_FIXED_PORTS_FROM = 10_000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for port-0 binds and outgoing connections (Linux; a common default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
+    """A loopback port free now and outside the kernel's ephemeral range.
+
+    The port is bound later by another process. Had it come from a port-0 bind it would lie in the
+    ephemeral range, where the kernel may hand it meanwhile to any port-0 listener (a worker's
+    metrics endpoint) or outgoing connection; below that range only explicit binds take ports.
+    """
+    low, _high = _ephemeral_range()
+    rng = random.Random()
+    if low - _FIXED_PORTS_FROM > 1_000:
+        for _ in range(200):
+            port = rng.randrange(_FIXED_PORTS_FROM, low)
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    _handed_out.add(port)
+    return port
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
