@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from core.keys import Keys
+from core.redis_topology import RedisPlanes
 from router.frontends import FrontendRegistry, LiveFrontend
 from router.prefix_index import PrefixIndex
 from router.queues import queue_depths
@@ -61,6 +62,17 @@ class ClusterReader:
         self.registry = registry or Registry(client, keys)
         self.frontends = FrontendRegistry(client, keys)
         self.index = index or PrefixIndex(client, keys)
+
+    @classmethod
+    def of(cls, planes: RedisPlanes) -> ClusterReader:
+        """A reader of the deployment ``planes`` reach, with a registry of its own (:meth:`aclose` closes it):
+        the frontends and the queues on the broker, the registry and the index on the routing state's Redis."""
+        keys = planes.topology.keys
+        return cls(planes.broker, keys, registry=Registry(planes.index, keys), index=PrefixIndex(planes.index, keys))
+
+    async def aclose(self) -> None:
+        """Close the registry's own connection (for a reader made by :meth:`of`; the clients are the caller's)."""
+        await self.registry.aclose()
 
     async def read(self) -> ClusterSnapshot:
         workers, frontends = await asyncio.gather(self.registry.live_workers(), self.frontends.live())

@@ -1,6 +1,10 @@
 """What the commands that read a running deployment share (``sluice status``, ``sluice
-prometheus-targets``): a Redis client for the namespace, and doing one step once or every few
-seconds until Ctrl-C."""
+prometheus-targets``): clients of the deployment's Redis planes, and doing one step once or every few
+seconds until Ctrl-C.
+
+The commands read what the frontends read, where they read it (core.redis_topology): the frontends'
+leases and the Celery queues on the broker's Redis, the worker registry and the prefix index on the
+routing state's Redis, which is the broker's unless ``SLUICE_INDEX_REDIS_URL`` moves it."""
 
 from __future__ import annotations
 
@@ -9,20 +13,26 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from core.keys import Keys
-from core.redis_client import background_client
+from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings
 
 
 @contextlib.asynccontextmanager
-async def namespace_client(settings: Settings) -> AsyncIterator[tuple[aioredis.Redis, Keys]]:
-    client = background_client(settings.redis.url)
+async def deployment_planes(settings: Settings) -> AsyncIterator[RedisPlanes]:
+    """Clients of the broker's Redis and of the routing state's (one client when they are one Redis)."""
+    planes = RedisPlanes.open(RedisTopology.from_settings(settings.redis), "background")
     try:
-        yield client, Keys(settings.redis.namespace)
+        yield planes
     finally:
-        await client.aclose()
+        await planes.aclose()
+
+
+def redis_names(topology: RedisTopology) -> str:
+    """The Redis a command reads, for its error messages."""
+    if not topology.split:
+        return topology.broker_url
+    cluster = ", Redis Cluster" if topology.index_cluster else ""
+    return f"{topology.broker_url} (broker) or {topology.index_url} (routing state{cluster})"
 
 
 async def repeat(step: Callable[[], Awaitable[bool]], interval_s: float | None) -> int:

@@ -7,7 +7,8 @@ Usage::
     sluice status --json       # the same facts for scripts (with --watch: one JSON document a line)
 
 It shows what the registries, the broker's queues and the prefix index hold for the namespace
-(router.cluster.ClusterSnapshot): each model's pools, each worker's state, load, KV usage, index
+(router.cluster.ClusterSnapshot), each read where the frontends read it: the worker registry and the
+index on the routing state's Redis when ``SLUICE_INDEX_REDIS_URL`` puts it apart (sluice.polling): each model's pools, each worker's state, load, KV usage, index
 blocks, queue depth, token rate, the age of its last heartbeat and its metrics URL, and each
 frontend's address, routing mode and requests in flight. :func:`status_json` and :func:`render` are
 pure functions of a snapshot; the rest reads Redis and prints.
@@ -29,7 +30,7 @@ from rich.text import Text
 from core.settings import Settings
 from router.cluster import ClusterReader, ClusterSnapshot
 from router.registry import LiveWorker
-from sluice.polling import namespace_client, repeat, run_until_interrupted
+from sluice.polling import deployment_planes, redis_names, repeat, run_until_interrupted
 
 
 def _age(now: float, then: float) -> float | None:
@@ -162,19 +163,22 @@ Show = Callable[[ClusterSnapshot | None, str], None]
 async def _watch(settings: Settings, interval_s: float | None, show: Show) -> int:
     """Read a snapshot (once, or every ``interval_s`` until interrupted) and ``show`` it, or (None) the
     reason it could not be read."""
-    async with namespace_client(settings) as (client, keys):
-        reader = ClusterReader(client, keys)
+    async with deployment_planes(settings) as planes:
+        reader = ClusterReader.of(planes)
 
         async def step() -> bool:
             try:
                 snap = await reader.read()
             except Exception as exc:  # noqa: BLE001 - said on the screen; a watch keeps trying
-                show(None, f"cannot read {settings.redis.url}: {exc}")
+                show(None, f"cannot read {redis_names(planes.topology)}: {exc}")
                 return False
             show(snap, "")
             return True
 
-        return await repeat(step, interval_s)
+        try:
+            return await repeat(step, interval_s)
+        finally:
+            await reader.aclose()
 
 
 def run(settings: Settings, *, watch_s: float | None, as_json: bool, console: Console | None = None) -> int:

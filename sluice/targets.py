@@ -6,7 +6,8 @@ Usage::
     sluice prometheus-targets -o /etc/prometheus/sluice.json --watch 15   # keep a file_sd file current
 
 The groups are those the frontend serves at ``GET /prometheus/targets`` for ``http_sd_configs``
-(router.discovery), read from Redis directly. A file is replaced atomically (written beside it, then
+(router.discovery), read from Redis directly: the workers from the registry, on the routing state's
+Redis, and the frontends from their leases, on the broker's (sluice.polling). A file is replaced atomically (written beside it, then
 renamed), as Prometheus' ``file_sd_configs`` expects.
 """
 
@@ -22,7 +23,7 @@ from core.settings import Settings
 from router.discovery import read_targets
 from router.frontends import FrontendRegistry
 from router.registry import Registry
-from sluice.polling import namespace_client, repeat, run_until_interrupted
+from sluice.polling import deployment_planes, redis_names, repeat, run_until_interrupted
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -38,15 +39,16 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 async def _targets(settings: Settings, output: Path | None, watch_s: float | None) -> int:
-    async with namespace_client(settings) as (client, keys):
-        registry, frontends = Registry(client, keys), FrontendRegistry(client, keys)
+    async with deployment_planes(settings) as planes:
+        keys = planes.topology.keys
+        registry, frontends = Registry(planes.index, keys), FrontendRegistry(planes.broker, keys)
 
         async def step() -> bool:
             try:
                 groups = await read_targets(registry, frontends)
             except Exception as exc:  # noqa: BLE001 - said; a watch keeps the last file and tries again
-                print(f"sluice prometheus-targets: cannot read {settings.redis.url}: {exc}", file=sys.stderr,
-                      flush=True)
+                print(f"sluice prometheus-targets: cannot read {redis_names(planes.topology)}: {exc}",
+                      file=sys.stderr, flush=True)
                 return False
             text = json.dumps(groups, indent=2) + "\n"
             if output is None:
@@ -55,7 +57,10 @@ async def _targets(settings: Settings, output: Path | None, watch_s: float | Non
                 write_atomically(output, text)
             return True
 
-        return await repeat(step, watch_s)
+        try:
+            return await repeat(step, watch_s)
+        finally:
+            await registry.aclose()
 
 
 def run(settings: Settings, *, output: Path | None, watch_s: float | None) -> int:
