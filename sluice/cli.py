@@ -282,7 +282,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help="show the running deployment: models, pools, workers, frontends",
-                       description="One screen on the deployment of SLUICE_REDIS_URL and SLUICE_NAMESPACE, read "
+                       description="One screen on the deployment of SLUICE_REDIS_URL and SLUICE_NAMESPACE (and "
+                                   "SLUICE_INDEX_REDIS_URL, where its routing state lives apart), read "
                                    "from Redis: each model's pools and queued requests; each worker's state, "
                                    "load, KV usage, index blocks, queue, token rate, last heartbeat and metrics "
                                    "URL; each frontend's address, routing mode and requests in flight.")
@@ -302,7 +303,8 @@ def _add_prometheus_targets(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p = sub.add_parser("prometheus-targets", help="list every live process's metrics endpoint for Prometheus",
                        description="Print the metrics endpoint of every live frontend and worker of the namespace "
                                    "as Prometheus target groups (the file_sd_configs format; the frontend serves "
-                                   "the same at GET /prometheus/targets for http_sd_configs), read from Redis.")
+                                   "the same at GET /prometheus/targets for http_sd_configs), read from Redis "
+                                   "(the workers from SLUICE_INDEX_REDIS_URL's, where the routing state lives apart).")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
                    help="write FILE (replaced atomically) instead of printing")
     _watch_option(p, 15.0, "print (or write) the targets again")
