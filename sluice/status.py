@@ -7,10 +7,11 @@ Usage::
     sluice status --json       # the same facts for scripts (with --watch: one JSON document a line)
 
 It shows what the registries, the broker's queues and the prefix index hold for the namespace
-(router.cluster.ClusterSnapshot), each read where the frontends read it: the worker registry and the
-index on the routing state's Redis when ``SLUICE_INDEX_REDIS_URL`` puts it apart (sluice.polling): each model's pools, each worker's state, load, KV usage, index
+(router.cluster.ClusterSnapshot): each model's pools, each worker's state, load, KV usage, index
 blocks, queue depth, token rate, the age of its last heartbeat and its metrics URL, and each
-frontend's address, routing mode and requests in flight. :func:`status_json` and :func:`render` are
+frontend's address, routing mode and requests in flight. Each part is read where the frontends read
+it: the worker registry and the index on the routing state's Redis when ``SLUICE_INDEX_REDIS_URL``
+puts it apart, the rest on the broker's (sluice.polling). :func:`status_json` and :func:`render` are
 pure functions of a snapshot; the rest reads Redis and prints.
 """
 
