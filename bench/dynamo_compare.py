@@ -19,6 +19,13 @@ system sees exactly the same prompts whatever its mocker answered.
 Systems: Dynamo 1.6.1 with its KV router (the anchor, ``../shared/anchors/dynamo/dynamo.sh``;
 ``install`` it once), Sluice with each ``--modes`` (default: ``kv`` with its default cost, the
 block formula; ``kv-time``, the predicted time to first token; ``round_robin``; ``least_loaded``).
+Beside the real runs, ``--virtual-modes`` (default ``kv,round_robin,oracle``) replays each round's trace
+on the virtual clock (bench.router_quality: the same mockers in one process, every Redis call and all
+of the system's own work costing zero time, canned replies in the history as here): what each policy
+would reach with no overhead at all. ``oracle`` reads the engines' real caches and queues and picks the
+shortest predicted first step (bench.oracle_policy), a reference no router can run; where even it stays
+above a target ratio against Dynamo's real run, no router over these engines reaches that target.
+
 Per run: requests, errors, the cached ratio (cached prompt tokens / prompt tokens, from each
 response's ``usage``), TTFT mean, p50 and p90 (the client's clock: request sent
 to first text), and ratios against Dynamo's run of the same round. ``--rounds`` repeats everything,
@@ -46,10 +53,11 @@ from rich.console import Console
 from rich.table import Table
 from tokenizers import Tokenizer
 
-from bench.chat_workloads import Workload, multiturn_workload, prefix_workload
+from bench.chat_workloads import Turn, Workload, multiturn_workload, prefix_workload
+from bench.router_quality import simulate
 from bench.sse_trace import sse_events
 from bench.stats import pct
-from core.settings import Settings
+from core.settings import MockerSettings, RouterSettings, Settings
 from sluice.devstack import REPO, RedisServer, Stack, free_port
 from workers.models.prepare import prepare_model
 
@@ -198,6 +206,21 @@ def sluice_system(name: str, model_dir: Path, extra_env: dict[str, str]) -> Syst
     return System(f"sluice {name}", start)
 
 
+def canned_history(turn: Turn, k: int, answered: list[int]) -> list[int]:
+    """What the real-time client puts in the history after turn ``k``: the trace's reply, whatever was answered."""
+    return canned_reply(turn.user, k, turn.output_tokens)
+
+
+def run_virtual(redis_url: str, mode: str, workload: Workload, seed: int) -> dict:
+    """``mode`` (a Sluice routing mode or ``oracle``) over the same trace on the virtual clock: the
+    fleet of this comparison with no system overhead (bench.router_quality.simulate)."""
+    mocker = MockerSettings(block_size=BLOCK, kv_blocks=KV_BLOCKS)
+    r = simulate(redis_url, mode, workload, WORKERS, mocker, seed, RouterSettings(), canned_history)
+    return {"requests": r["requests"], "errors": 0, "cached_ratio": r["hit_ratio"],
+            "ttft_mean_ms": r["ttft_virtual_mean_ms"], "ttft_p50_ms": r["ttft_virtual_p50_ms"],
+            "ttft_p90_ms": r["ttft_virtual_p90_ms"], "first_errors": [], "wall_s": r["wall_s"]}
+
+
 def run_one(system: System, workload: Workload, words: list[str]) -> dict:
     url, stop = system.start()
     try:
@@ -218,6 +241,8 @@ def main() -> None:
     ap.add_argument("--dynamo", type=Path, default=DYNAMO, help="the anchor's dynamo.sh ('' to leave Dynamo out)")
     ap.add_argument("--dynamo-modes", default="kv",
                     help="Dynamo's router modes to run (kv, round-robin, random); ratios are against its kv")
+    ap.add_argument("--virtual-modes", default="kv,round_robin,oracle",
+                    help="policies also replayed on the virtual clock (no system overhead); '' for none")
     ap.add_argument("--env", action="append", default=[], help="extra SLUICE_* setting for Sluice, NAME=VALUE")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
@@ -231,6 +256,16 @@ def main() -> None:
     else:
         console.print(f"[yellow]Dynamo's anchor not found at {args.dynamo}: Sluice's modes only[/]")
     runs: list[dict] = []
+    virtual_redis = RedisServer().start()
+    try:
+        _rounds(args, systems, words, virtual_redis, runs, console)
+    finally:
+        virtual_redis.stop()
+    report(args, runs, console)
+
+
+def _rounds(args: argparse.Namespace, systems: list[System], words: list[str], virtual_redis: RedisServer,
+            runs: list[dict], console: Console) -> None:
     for rnd in range(args.rounds):
         loads = workloads(args.seed + rnd)
         order = systems if rnd % 2 == 0 else systems[::-1]
@@ -241,6 +276,15 @@ def main() -> None:
                 runs.append(row)
                 console.print(f"round {rnd} {name:9} {system.name:20} cached {row['cached_ratio']:.3f} "
                               f"TTFT mean {row['ttft_mean_ms'] or 0:.1f} ms, errors {row['errors']}")
+            for mode in filter(None, args.virtual_modes.split(",")):
+                row = {"round": rnd, "workload": name, "system": f"virtual {mode}",
+                       **run_virtual(virtual_redis.url, mode, loads[name], args.seed + rnd)}
+                runs.append(row)
+                console.print(f"round {rnd} {name:9} {row['system']:20} cached {row['cached_ratio']:.3f} "
+                              f"TTFT mean {row['ttft_mean_ms']:.1f} model ms")
+
+
+def report(args: argparse.Namespace, runs: list[dict], console: Console) -> None:
     ratios = []
     for row in runs:
         ref = next((r for r in runs if r["round"] == row["round"] and r["workload"] == row["workload"]

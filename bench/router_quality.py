@@ -176,10 +176,21 @@ POLICIES: dict[str, PolicyFactory] = {
 }
 
 
+#: What a turn's reply adds to the conversation's history: given the turn, its index in the
+#: conversation and the tokens the engine answered. The default keeps the engine's own answer.
+Reply = Callable[[Turn, int, list[int]], list[int]]
+
+
+def engine_reply(turn: Turn, k: int, answered: list[int]) -> list[int]:
+    return answered
+
+
 async def run_policy(redis_url: str, policy_name: str, workload: Workload, n_workers: int, mocker: MockerSettings,
-                     seed: int, router: RouterSettings) -> dict:
+                     seed: int, router: RouterSettings, reply: Reply = engine_reply) -> dict:
     """Replay ``workload`` through one policy on W fresh mockers; must run on a :class:`VirtualClockLoop`
-    (see :func:`simulate`). Owns the database at ``redis_url``: flushes it before and after."""
+    (see :func:`simulate`). Owns the database at ``redis_url``: flushes it before and after. ``reply``:
+    what each answer adds to the history (bench.dynamo_compare replays its trace's canned replies, as
+    its real-time client does)."""
     loop = asyncio.get_running_loop()
     if not isinstance(loop, VirtualClockLoop):
         raise TypeError("run_policy measures virtual time: run it on a VirtualClockLoop (bench.router_quality.simulate)")
@@ -231,7 +242,7 @@ async def run_policy(redis_url: str, policy_name: str, workload: Workload, n_wor
             samples.append(Sample(rid, decided_ms + virtual_ms, virtual_ms, len(history), cached, wid,
                                   None if previous is None else previous == wid))
             previous = wid
-            history.extend(out_tokens)
+            history.extend(reply(turn, k, out_tokens))
 
     await asyncio.gather(*(conversation(c, workload.system[c[0].user]) for c in workload.conversations))
     model_s = loop.time()
@@ -255,7 +266,8 @@ def _summary(policy_name: str, workload: Workload, n_workers: int, seed: int, sa
         "requests": len(samples),
         "hit_ratio": sum(s.cached_tokens for s in samples) / max(1, sum(s.prompt_tokens for s in samples)),
         "ttft_mean_ms": float(np.mean(ttft)), "ttft_p50_ms": pct(ttft, 50), "ttft_p90_ms": pct(ttft, 90),
-        "ttft_virtual_mean_ms": float(np.mean(virtual)), "ttft_virtual_p90_ms": pct(virtual, 90),
+        "ttft_virtual_mean_ms": float(np.mean(virtual)), "ttft_virtual_p50_ms": pct(virtual, 50),
+        "ttft_virtual_p90_ms": pct(virtual, 90),
         "prompt_tokens_mean": float(np.mean([s.prompt_tokens for s in samples])),
         "follow_ups_stayed": float(np.mean(stayed)) if stayed else None,
         "requests_per_worker_min": int(per_worker.min()), "requests_per_worker_max": int(per_worker.max()),
@@ -271,10 +283,10 @@ def _digest(samples: list[Sample]) -> str:
 
 
 def simulate(redis_url: str, policy_name: str, workload: Workload, n_workers: int, mocker: MockerSettings,
-             seed: int, router: RouterSettings) -> dict:
+             seed: int, router: RouterSettings, reply: Reply = engine_reply) -> dict:
     """:func:`run_policy` on a fresh virtual-clock loop (its clock starts at 0 for every run)."""
     with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
-        return runner.run(run_policy(redis_url, policy_name, workload, n_workers, mocker, seed, router))
+        return runner.run(run_policy(redis_url, policy_name, workload, n_workers, mocker, seed, router, reply))
 
 
 def _parser() -> argparse.ArgumentParser:
