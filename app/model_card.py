@@ -11,10 +11,14 @@ and refuse text too long to fit before tokenizing it (:attr:`ModelCard.max_promp
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -23,6 +27,8 @@ from tokenizers.decoders import DecodeStream
 
 from app.chunked_tokens import ChunkedEncoder, chunkable
 from core.errors import InvalidRequest
+
+T = TypeVar("T")
 
 
 def _token_text(value: Any) -> str | None:
@@ -67,6 +73,18 @@ class ModelCard:
     #: Long texts tokenized chunk by chunk, the chunks' ids remembered (None: the tokenizer fails the
     #: self-test; app.chunked_tokens).
     chunked: ChunkedEncoder | None = None
+    #: The one thread long inputs are rendered and tokenized on, first come first served (see
+    #: :meth:`off_loop`).
+    _tokenizing: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize"), repr=False)
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` (rendering, tokenizing) off the event loop, after the inputs that came
+        before it. One at a time, in arrival order: tokenizing releases the GIL and spreads a long
+        text's chunks over every core (app.chunked_tokens), so a prompt tokenized alone is done
+        soonest; several at once would share the cores and each be late, the first one included,
+        which holds up its engine step and every step after it."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, functools.partial(fn, *args))
 
     @classmethod
     def load(cls, name: str, path: Path, created: int = 0, context_length: int | None = None) -> ModelCard:

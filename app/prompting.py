@@ -4,13 +4,13 @@ A prompt that cannot fit the model's context is refused (400 ``context_length_ex
 naming the request's prompt field) as soon as that is known: from its length in characters before
 it is rendered or tokenized (:attr:`ModelCard.max_prompt_chars`), then from its tokens. So the
 work spent on a prompt is bounded by the context, not by the body. Long inputs are rendered and
-tokenized in a worker thread; tokenizing releases the GIL, so the event loop serves other requests
+tokenized on the model card's tokenizing thread, one at a time in arrival order
+(:meth:`ModelCard.off_loop`); tokenizing releases the GIL, so the event loop serves other requests
 meanwhile.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import Any
 
@@ -74,7 +74,7 @@ async def chat_prompt_ids(card: ModelCard, body: ChatCompletionRequest | Tokeniz
     check_chars(card, chars, CHAT_PARAM)
     if chars <= _INLINE_MAX_CHARS and len(messages) <= _INLINE_MAX_MESSAGES:
         return _chat_ids(card, messages, body.add_generation_prompt, tools)
-    return await asyncio.to_thread(_chat_ids, card, messages, body.add_generation_prompt, tools)
+    return await card.off_loop(_chat_ids, card, messages, body.add_generation_prompt, tools)
 
 
 async def completion_prompt_ids(card: ModelCard, prompt: str | list[int]) -> list[int]:
@@ -82,7 +82,7 @@ async def completion_prompt_ids(card: ModelCard, prompt: str | list[int]) -> lis
         check_chars(card, len(prompt), COMPLETION_PARAM)
         if len(prompt) <= _INLINE_MAX_CHARS:
             return _text_ids(card, prompt)
-        return await asyncio.to_thread(_text_ids, card, prompt)
+        return await card.off_loop(_text_ids, card, prompt)
     if not prompt:
         raise InvalidRequest("the prompt is empty", param=COMPLETION_PARAM)
     check_tokens(card, len(prompt), COMPLETION_PARAM)
