@@ -26,6 +26,11 @@ would reach with no overhead at all. ``oracle`` reads the engines' real caches a
 shortest predicted first step (bench.oracle_policy), a reference no router can run; where even it stays
 above a target ratio against Dynamo's real run, no router over these engines reaches that target.
 
+``--parity`` instead checks that the two engines step alike: one worker each, the same bursts of
+concurrent unique prompts (8 × 2,700 tokens, 16 × 500), each request's TTFT by rank. With equal
+engines the ranks differ by a constant (each system's own overhead before the engine), and the gaps
+between ranks (the steps) agree.
+
 Per run: requests, errors, the cached ratio (cached prompt tokens / prompt tokens, from each
 response's ``usage``), TTFT mean, p50 and p90 (the client's clock: request sent
 to first text), and ratios against Dynamo's run of the same round. ``--rounds`` repeats everything,
@@ -166,11 +171,11 @@ class System:
     start: Callable[[], tuple[str, Callable[[], None]]]  # -> (base url, stop)
 
 
-def dynamo_system(script: Path, router: str = "kv") -> System:
+def dynamo_system(script: Path, router: str = "kv", workers: int = WORKERS) -> System:
     """Dynamo's frontend with its router mode ``router`` (``kv``, ``round-robin``, ``random``)."""
     def start() -> tuple[str, Callable[[], None]]:
         port = free_port()
-        env = {**os.environ, "PORT": str(port), "WORKERS": str(WORKERS), "BLOCK": str(BLOCK),
+        env = {**os.environ, "PORT": str(port), "WORKERS": str(workers), "BLOCK": str(BLOCK),
                "KV_BLOCKS": str(KV_BLOCKS), "SPEEDUP": "1.0", "ROUTER": router}
         subprocess.run(["bash", str(script), "start"], env=env, check=True, capture_output=True, timeout=180)
         return f"http://127.0.0.1:{port}", lambda: subprocess.run(["bash", str(script), "stop"], env=env,
@@ -178,7 +183,7 @@ def dynamo_system(script: Path, router: str = "kv") -> System:
     return System(f"dynamo {router}", start)
 
 
-def sluice_system(name: str, model_dir: Path, extra_env: dict[str, str]) -> System:
+def sluice_system(name: str, model_dir: Path, extra_env: dict[str, str], workers: int = WORKERS) -> System:
     """``name``: a routing mode, or ``kv-time`` / ``kv-blocks`` (the ``kv`` mode with that cost)."""
     mode, _, cost = name.partition("-")
     env = {**extra_env, **({"SLUICE_ROUTER__COST": cost} if cost else {})}
@@ -195,10 +200,10 @@ def sluice_system(name: str, model_dir: Path, extra_env: dict[str, str]) -> Syst
             redis.stop()
 
         try:
-            for i in range(WORKERS):
+            for i in range(workers):
                 stack.start_worker(f"m{i + 1}")
             stack.start_frontend()
-            stack.wait_ready(MODEL, WORKERS, timeout=120)
+            stack.wait_ready(MODEL, workers, timeout=120)
         except BaseException:
             stop()
             raise
@@ -231,6 +236,48 @@ def run_one(system: System, workload: Workload, words: list[str]) -> dict:
         stop()
 
 
+PARITY_BURSTS = ((2700, 8, 3), (500, 16, 3))  # (prompt tokens, concurrent requests, repeats)
+
+
+async def bursts(url: str, words: list[str]) -> dict[str, list[float]]:
+    """Each burst of PARITY_BURSTS: the median over its repeats of the TTFT (ms) of each rank."""
+    rng = random.Random(9)
+    out: dict[str, list[float]] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for tokens, concurrent, repeats in PARITY_BURSTS:
+            ranks: list[list[float]] = []
+            for _ in range(repeats):
+                texts = [text_of([rng.randrange(100, 49_000) for _ in range(tokens)], words) for _ in range(concurrent)]
+                results = await asyncio.gather(*(_request(session, url, t, 16) for t in texts))
+                ranks.append(sorted(1000 * r.ttft_s for r in results))
+                await asyncio.sleep(1.5)  # the requests end and the cache empties of them
+            out[f"{concurrent} x {tokens}"] = [statistics.median(col) for col in zip(*ranks, strict=True)]
+    return out
+
+
+def parity(systems: list[System], words: list[str], console: Console, out: Path) -> None:
+    """Run :func:`bursts` against each system (of one worker); print each rank's TTFT and the steps."""
+    found = {}
+    for system in systems:
+        url, stop = system.start()
+        try:
+            found[system.name] = asyncio.run(bursts(url, words))
+        finally:
+            stop()
+    table = Table(title="Engine parity: one worker, bursts of concurrent unique prompts, TTFT by rank (ms, median of 3)")
+    for col in ("burst", "system", "TTFT by rank", "steps (rank to rank)"):
+        table.add_column(col)
+    for burst in next(iter(found.values())):
+        for name, rows in found.items():
+            ttfts = rows[burst]
+            steps = [b - a for a, b in zip(ttfts, ttfts[1:], strict=False) if b - a > 5]
+            table.add_row(burst, name, " ".join(f"{t:.0f}" for t in ttfts), " ".join(f"{s:.0f}" for s in steps))
+    console.print(table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"parity": found}, indent=1))
+    console.print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=1)
@@ -243,6 +290,8 @@ def main() -> None:
                     help="Dynamo's router modes to run (kv, round-robin, random); ratios are against its kv")
     ap.add_argument("--virtual-modes", default="kv,round_robin,oracle",
                     help="policies also replayed on the virtual clock (no system overhead); '' for none")
+    ap.add_argument("--parity", action="store_true",
+                    help="only check that the engines step alike (one worker each, bursts); writes dynamo_parity.json")
     ap.add_argument("--env", action="append", default=[], help="extra SLUICE_* setting for Sluice, NAME=VALUE")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
@@ -250,11 +299,15 @@ def main() -> None:
     model_dir = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
     words = one_token_words(Tokenizer.from_file(str(model_dir / "tokenizer.json")))
     extra_env = dict(kv.split("=", 1) for kv in args.env)
-    systems = [sluice_system(m, model_dir, extra_env) for m in args.modes.split(",") if m]
+    workers = 1 if args.parity else WORKERS
+    systems = [sluice_system(m, model_dir, extra_env, workers) for m in args.modes.split(",") if m]
     if str(args.dynamo) and args.dynamo.is_file():
-        systems[:0] = [dynamo_system(args.dynamo, m) for m in args.dynamo_modes.split(",") if m]
+        systems[:0] = [dynamo_system(args.dynamo, m, workers) for m in args.dynamo_modes.split(",") if m]
     else:
         console.print(f"[yellow]Dynamo's anchor not found at {args.dynamo}: Sluice's modes only[/]")
+    if args.parity:
+        parity(systems, words, console, args.out.with_name("dynamo_parity.json"))
+        return
     runs: list[dict] = []
     virtual_redis = RedisServer().start()
     try:

@@ -9,7 +9,8 @@ it, and its time is the sum of both parts, divided by ``speedup``::
     step_ms       = (prefill_ms(t) + [decoding requests > 0] * decode_ms(u)) / speedup
 
 ``t`` is the number of uncached prompt tokens computed in the step, summed over the batch (the
-GPU processes them together); ``u`` is the KV usage, active blocks / total blocks. Decode time
+GPU processes them together); ``u`` is the KV usage, active blocks / total blocks, as the step
+begins (before the step's own prefill chunks take their blocks). Decode time
 does not grow with the batch size: that is what makes continuous batching pay.
 """
 
