@@ -122,7 +122,8 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def _bindable(port: int) -> bool:
+def port_is_free(port: int) -> bool:
+    """Whether a loopback listener could bind ``port`` now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -131,8 +132,10 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def free_port() -> int:
-    """A loopback port free now and outside the kernel's ephemeral range.
+def free_port(companion_offset: int = 0) -> int:
+    """A loopback port free now and outside the kernel's ephemeral range; with ``companion_offset``,
+    one whose ``port + companion_offset`` is free and outside that range too (a Redis Cluster node's
+    bus port is its port + 10000).
 
     The port is bound later by another process. Had it come from a port-0 bind it would lie in the
     ephemeral range, where the kernel may hand it meanwhile to any port-0 listener (a worker's
@@ -140,12 +143,16 @@ def free_port() -> int:
     """
     low, _high = _ephemeral_range()
     rng = random.Random()
-    if low - _FIXED_PORTS_FROM > 1_000:
+    top = low - companion_offset
+    if top - _FIXED_PORTS_FROM > 1_000:
         for _ in range(200):
-            port = rng.randrange(_FIXED_PORTS_FROM, low)
-            if port not in _handed_out and _bindable(port):
-                _handed_out.add(port)
+            port = rng.randrange(_FIXED_PORTS_FROM, top)
+            pair = {port, port + companion_offset}
+            if not pair & _handed_out and all(map(port_is_free, pair)):
+                _handed_out.update(pair)
                 return port
+    if companion_offset:
+        raise RuntimeError(f"no free port pair {companion_offset} apart below the ephemeral range ({low})")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

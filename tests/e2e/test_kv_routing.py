@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -26,6 +25,8 @@ import redis
 from core.keys import Keys
 from sluice.devstack import Stack, free_port, wait_until
 from tests.e2e.conftest import MODEL
+from tests.support.routing_state import chat as routing_chat
+from tests.support.routing_state import wait_workers_idle
 
 WORKERS = ("k1", "k2")
 BLOCK = 16  # the mocker's default block size
@@ -68,30 +69,12 @@ def index_blocks(rdb: redis.Redis, stack: Stack, worker: str) -> int:
 
 
 def wait_idle(rdb: redis.Redis, stack: Stack) -> None:
-    """Until no routing prediction is left, a heartbeat newer than this call reports every worker idle,
-    and the frontend's registry snapshot (refreshed every ``REFRESH_S``) has had time to take it in."""
-    keys, since = Keys(stack.namespace), time.time()
-
-    def idle() -> bool:
-        if rdb.hlen(keys.router_inflight_requests(MODEL)):
-            return False
-        for worker in WORKERS:
-            raw = {k.decode(): v.decode() for k, v in rdb.hgetall(keys.load(worker)).items()}
-            load = {k: float(raw.get(k) or 0) for k in ("updated_at", "running", "waiting", "active_blocks")}
-            if load["updated_at"] <= since or load["running"] or load["waiting"] or load["active_blocks"]:
-                return False
-        return True
-
-    wait_until(idle, 30, "idle workers")
-    time.sleep(4 * REFRESH_S)  # the snapshot refresh period, not a guess at how fast the workers are
+    """Until the workers are idle in the routing state and the frontend's snapshot has taken it in."""
+    wait_workers_idle(rdb, Keys(stack.namespace), MODEL, WORKERS, REFRESH_S)
 
 
 def chat(client: openai.OpenAI, messages: list[dict], **kw: object) -> tuple[str, str, int, int]:
-    """(worker, reply text, prompt tokens, cached tokens) of one non-streaming chat completion."""
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=8, **kw)
-    r = raw.parse()
-    return (raw.headers["x-sluice-worker"], r.choices[0].message.content, r.usage.prompt_tokens,
-            r.usage.prompt_tokens_details.cached_tokens)
+    return routing_chat(client, MODEL, messages, **kw)
 
 
 def test_two_frontends_routing_at_once_do_not_pile_on(kv_stack: Stack, rdb: redis.Redis) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ from core.keys import Keys, broker_binding_member
 from sluice.devstack import REPO, RedisServer, Stack, wait_until
 from tests.e2e.conftest import MODEL
 from tests.support.redis_topologies import RedisClusterNodes
+from tests.support.routing_state import chat as routing_chat
+from tests.support.routing_state import wait_workers_idle
 
 WORKERS = ("s1", "s2")
 SURVIVOR, VICTIM = WORKERS
@@ -98,30 +99,12 @@ def index_blocks(d: SplitDeployment, worker: str) -> int:
 
 
 def wait_idle(d: SplitDeployment, workers: tuple[str, ...] = WORKERS) -> None:
-    """Until no routing prediction is left on the index, a heartbeat newer than this call reports every
-    worker idle, and the frontend's registry snapshot (refreshed every ``REFRESH_S``) has taken it in."""
-    since = time.time()
-
-    def idle() -> bool:
-        if d.index.hlen(d.keys.router_inflight_requests(MODEL)):
-            return False
-        for worker in workers:
-            raw = {k.decode(): v.decode() for k, v in d.index.hgetall(d.keys.load(worker)).items()}
-            load = {k: float(raw.get(k) or 0) for k in ("updated_at", "running", "waiting", "active_blocks")}
-            if load["updated_at"] <= since or load["running"] or load["waiting"] or load["active_blocks"]:
-                return False
-        return True
-
-    wait_until(idle, 30, "idle workers")
-    time.sleep(4 * REFRESH_S)  # the snapshot refresh period, not a guess at how fast the workers are
+    """Until the workers are idle on the index Redis and the frontend's snapshot has taken it in."""
+    wait_workers_idle(d.index, d.keys, MODEL, workers, REFRESH_S)
 
 
 def chat(client: openai.OpenAI, messages: list[dict], **kw: object) -> tuple[str, str, int, int]:
-    """(worker, reply text, prompt tokens, cached tokens) of one non-streaming chat completion."""
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=8, **kw)
-    r = raw.parse()
-    return (raw.headers["x-sluice-worker"], r.choices[0].message.content, r.usage.prompt_tokens,
-            r.usage.prompt_tokens_details.cached_tokens)
+    return routing_chat(client, MODEL, messages, **kw)
 
 
 def stream(client: openai.OpenAI, messages: list[dict], max_tokens: int, worker: str | None = None) -> openai.Stream:

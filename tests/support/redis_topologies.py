@@ -13,10 +13,8 @@ temporary directory; ``stop()`` (or leaving the ``with``) kills them all and rem
 
 from __future__ import annotations
 
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -36,21 +34,9 @@ def _redis_server() -> str:
     return exe
 
 
-def _free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def cluster_port() -> int:
     """A free port whose cluster bus port (the port + 10000) is free and valid too."""
-    while True:
-        port = random.randint(20000, 50000)
-        if _free(port) and _free(port + 10000):
-            return port
+    return free_port(companion_offset=10_000)
 
 
 @dataclass
