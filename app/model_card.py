@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -73,17 +74,20 @@ class ModelCard:
     #: Long texts tokenized chunk by chunk, the chunks' ids remembered (None: the tokenizer fails the
     #: self-test; app.chunked_tokens).
     chunked: ChunkedEncoder | None = None
-    #: The one thread long inputs are rendered and tokenized on, first come first served (see
-    #: :meth:`off_loop`).
-    _tokenizing: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize"), repr=False)
+    #: The threads long inputs are rendered and tokenized on (see :meth:`off_loop`).
+    _tokenizing: ThreadPoolExecutor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        threads = 1 if self.chunked is not None else os.cpu_count() or 1
+        self._tokenizing = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` (rendering, tokenizing) off the event loop, after the inputs that came
-        before it. One at a time, in arrival order: tokenizing releases the GIL and spreads a long
-        text's chunks over every core (app.chunked_tokens), so a prompt tokenized alone is done
-        soonest; several at once would share the cores and each be late, the first one included,
-        which holds up its engine step and every step after it."""
+        """Run ``fn(*args)`` (rendering, tokenizing) off the event loop. With a chunked tokenizer, one
+        at a time in arrival order: tokenizing releases the GIL and spreads a long text's chunks over
+        every core (app.chunked_tokens), so a prompt tokenized alone is done soonest; several at once
+        would share the cores and each be late, the first one included, which holds up its engine
+        step and every step after it. A tokenizer that cannot be chunked uses one core per text, so
+        there one thread per core."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenizing, functools.partial(fn, *args))
 
     @classmethod

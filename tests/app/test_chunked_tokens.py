@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -71,3 +74,28 @@ def test_the_model_card_uses_it_for_long_texts(tokenizer_dir: Path, tokenizer: T
     text = " ".join(["The river Seine flows through Paris"] * 400)
     assert card.encode(text, add_special_tokens=True) == tokenizer.encode(text).ids
     assert card.chunked.misses > 0
+
+
+async def test_long_inputs_are_tokenized_one_at_a_time_in_arrival_order(tokenizer_dir: Path) -> None:
+    """A chunked tokenizer spreads one text over every core, so the card runs its off-loop work one
+    job at a time, first come first served."""
+    card = ModelCard.load("m", tokenizer_dir)
+    assert card.chunked is not None
+    running, overlapped, order = 0, False, []
+    lock = threading.Lock()
+
+    def job(name: str) -> str:
+        nonlocal running, overlapped
+        with lock:
+            running += 1
+            overlapped |= running > 1
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+            order.append(name)
+        return name
+
+    names = [f"prompt-{i}" for i in range(6)]
+    assert await asyncio.gather(*(card.off_loop(job, n) for n in names)) == names
+    assert order == names
+    assert not overlapped
