@@ -217,10 +217,13 @@ def canned_history(turn: Turn, k: int, answered: list[int]) -> list[int]:
 
 
 def run_virtual(redis_url: str, mode: str, workload: Workload, seed: int) -> dict:
-    """``mode`` (a Sluice routing mode or ``oracle``) over the same trace on the virtual clock: the
-    fleet of this comparison with no system overhead (bench.router_quality.simulate)."""
+    """``mode`` (a Sluice routing mode, ``kv-time`` / ``kv-blocks``, or ``oracle``) over the same trace
+    on the virtual clock: the fleet of this comparison with no system overhead
+    (bench.router_quality.simulate)."""
     mocker = MockerSettings(block_size=BLOCK, kv_blocks=KV_BLOCKS)
-    r = simulate(redis_url, mode, workload, WORKERS, mocker, seed, RouterSettings(), canned_history)
+    policy, _, cost = mode.partition("-")
+    router = RouterSettings(cost=cost) if cost else RouterSettings()
+    r = simulate(redis_url, policy, workload, WORKERS, mocker, seed, router, canned_history)
     return {"requests": r["requests"], "errors": 0, "cached_ratio": r["hit_ratio"],
             "ttft_mean_ms": r["ttft_virtual_mean_ms"], "ttft_p50_ms": r["ttft_virtual_p50_ms"],
             "ttft_p90_ms": r["ttft_virtual_p90_ms"], "first_errors": [], "wall_s": r["wall_s"]}
