@@ -8,8 +8,10 @@ local requests_key = KEYS[2]  -- in-flight requests
 local expiry_key = KEYS[3]    -- in-flight expiry zset
 local owners_key = KEYS[4]    -- slot owners
 local tags_key = KEYS[5]      -- slot owner tags
--- KEYS[6..]: for every candidate in approximate mode, its approx zset and its meta, in order.
-local FIRST_APPROX_KEY = 6
+local table_key = KEYS[6]     -- the candidate table (its packed columns, below)
+local replaced_key = KEYS[7]  -- the table it replaces (dropped when this one is stored), or KEYS[6]
+-- KEYS[8..]: for every candidate in approximate mode, its approx zset and its meta, in order.
+local FIRST_APPROX_KEY = 8
 
 local rid = ARGV[1]                        -- the request id
 local prediction_ttl_ms = tonumber(ARGV[2])
@@ -17,26 +19,40 @@ local u = tonumber(ARGV[3])                -- uniform in [0, 1): ties and sampli
 local temperature = tonumber(ARGV[4])
 local pinned = tonumber(ARGV[5])           -- the pinned candidate (1-based), 0 = none
 local weight = tonumber(ARGV[6])           -- overlap score weight
-local hot = ARGV[7]      -- 5 little-endian doubles per candidate: slot, scale, active blocks, chain, tag
-local cold = ARGV[8]     -- 6 little-endian doubles per candidate: approx cap, approx number, then
-                         -- offset and length of its worker id, and of its queue, in `names`
-local names = ARGV[9]    -- the candidates' worker ids and queues, concatenated
-local lookup = ARGV[10]  -- a little-endian uint16 per slot: the candidate at that slot (1-based) or 0
-local timing = ARGV[11]  -- 11 little-endian floats per candidate (router.time_cost.COLUMNS), or ''
-local model = ARGV[12]
-local prefix = ARGV[13]  -- the model's block key prefix
-local approx_ttl_ms = tonumber(ARGV[14])
-local task_head, task_tail = ARGV[15], ARGV[16]  -- '' and '': enqueue nothing
-local broker_prefix = ARGV[17]  -- what a queue's Redis list is named with before the queue (core.keys)
-local cost_kind = ARGV[18]      -- 'time' (router.time_cost) or 'blocks' (router.scoring)
-local slowdown_weight = tonumber(ARGV[19])
-local eviction_weight = tonumber(ARGV[20])
-local nchains = tonumber(ARGV[21])
--- ARGV[20 + 2c], ARGV[21 + 2c] for chain c = 1..nchains: the prompt's length in blocks and its hex
+local table_ttl_ms = tonumber(ARGV[7])     -- > 0: ARGV[8..12] hold the table, store it; 0: it is stored
+-- The candidate table, sent (and stored) or read from table_key:
+--   hot: 5 little-endian doubles per candidate: slot, scale, active blocks, chain, tag
+--   cold: 6 little-endian doubles per candidate: approx cap, approx number, then offset and length of
+--     its worker id, and of its queue, in `names`
+--   names: the candidates' worker ids and queues, concatenated
+--   lookup: a little-endian uint16 per slot: the candidate at that slot (1-based) or 0
+--   timing: 11 little-endian floats per candidate (router.time_cost.COLUMNS)
+local hot, cold, names, lookup, timing = ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local model = ARGV[13]
+local prefix = ARGV[14]  -- the model's block key prefix
+local approx_ttl_ms = tonumber(ARGV[15])
+local task_head, task_tail = ARGV[16], ARGV[17]  -- '' and '': enqueue nothing
+local broker_prefix = ARGV[18]  -- what a queue's Redis list is named with before the queue (core.keys)
+local cost_kind = ARGV[19]      -- 'time' (router.time_cost) or 'blocks' (router.scoring)
+local slowdown_weight = tonumber(ARGV[20])
+local eviction_weight = tonumber(ARGV[21])
+local nchains = tonumber(ARGV[22])
+-- ARGV[21 + 2c], ARGV[22 + 2c] for chain c = 1..nchains: the prompt's length in blocks and its hex
 -- chain; then pending in-flight operations (pairs, as RELEASE takes them).
-local function chain_blocks(c) return tonumber(ARGV[20 + 2 * c]) end
-local function chain_hex(c) return ARGV[21 + 2 * c] end
-local FIRST_PENDING = 22 + 2 * nchains
+local function chain_blocks(c) return tonumber(ARGV[21 + 2 * c]) end
+local function chain_hex(c) return ARGV[22 + 2 * c] end
+local FIRST_PENDING = 23 + 2 * nchains
+
+if table_ttl_ms > 0 then
+  redis.call('HSET', table_key, 'hot', hot, 'cold', cold, 'names', names, 'lookup', lookup, 'timing', timing)
+  redis.call('PEXPIRE', table_key, table_ttl_ms)
+  if replaced_key ~= table_key then redis.call('DEL', replaced_key) end
+else
+  local stored = redis.call('HMGET', table_key, 'hot', 'cold', 'names', 'lookup', 'timing')
+  -- Gone (expired, or Redis restarted): nothing is done, the router sends the call again with the table.
+  if not stored[1] then return {0, '', 0, 'table'} end
+  hot, cold, names, lookup, timing = stored[1], stored[2], stored[3], stored[4], stored[5]
+end
 
 local function undo(id)
   local rec = redis.call('HGET', requests_key, id)
