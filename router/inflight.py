@@ -31,39 +31,46 @@ from router.resp import hex_digits, pack_args
 from router.resp_channel import PackedScript, RespChannel
 from router.time_cost import TimeWeights
 
-#: A decision's table arguments when the table is stored already: TTL 0 and no columns.
-_REFERENCE = pack_args(0, b"", b"", b"", b"", b"")
+#: A decision's table arguments when the table is stored already: TTL 0 and no table.
+_REFERENCE = pack_args(0, b"")
 #: The status of a decision that named a table Redis does not hold.
 _TABLE_MISSING = b"table"
 
 
 @dataclass(frozen=True, slots=True)
 class PackedRoster:
-    """The part of a candidate list's packing that depends on the registrations alone (router.worker_table
-    keeps it across registry refreshes): the call's fixed keys (sums, requests, expiry, slot owners, slot
-    tags; then an approx zset and meta per approximate candidate), the hot columns with the active
-    blocks left 0, and the cold columns, names and slot lookup as the script takes them."""
+    """The part of a candidate table that depends on the registrations alone (router.worker_table keeps it
+    across registry refreshes): the call's fixed keys (sums, requests, expiry, slot owners, slot tags),
+    the keys of the approximate candidates (approx zset and meta each), and the table's columns that
+    do not change with the loads, packed as the script reads them."""
 
     keys: list[str]
     approx_keys: list[str]
-    hot: np.ndarray
-    cold: bytes
-    names: bytes
+    slots: bytes
     lookup: bytes
+    #: scale, chain and owner tag columns, contiguous in the table.
+    static: bytes
+    #: cold columns and names, the table's tail.
+    tail: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
     """The workers a decision may pick, packed once per candidate list (the frontend reuses it while its
-    registry snapshot stands). ``table_id`` names the packed columns once a decision has stored them in
-    Redis (``Keys.router_table``); ``packed_columns`` is what a decision that stores them sends (hot and
-    cold columns, worker ids and queues, slot lookup, the ``time`` cost's columns). See
-    ``index_scripts.DECIDE``."""
+    registry snapshot stands). ``table_id`` names the packed table once a decision has stored it in
+    Redis (``Keys.router_table``); ``packed_table`` is what a decision that stores it sends, and
+    ``packed_shape`` its number of candidates and of slot lookup entries (sent with every decision).
+    The table is one string of little-endian columns, each read only by the decisions that need it:
+    slots (int32), active blocks (int32), slot lookup (uint16 per slot), scale (double), chain number
+    (uint8), owner tag (uint32), the ``time`` cost's columns (11 floats), cold columns (6 doubles:
+    approx cap, approx number, offset and length of the worker id and of the queue in the names) and
+    the worker ids and queues, concatenated. See router/lua/decide.lua."""
 
     table_id: str
     n_keys: int
     packed_keys: bytes
-    packed_columns: bytes
+    packed_table: bytes
+    packed_shape: bytes
     #: The id of the table this one replaces (the same pool's previous one): dropped when this one is stored.
     replaces: str | None = None
 
@@ -105,6 +112,8 @@ class InflightStore:
         n = len(worker_ids)
         if n >= 1 << 16:
             raise ValueError(f"{n} candidates: the slot lookup holds at most 65535")
+        if n and int(np.max(chain)) >= 255:
+            raise ValueError("at most 255 distinct block sizes among the candidates")
         slots = np.asarray(slots, dtype=np.int64)
         keys = [*self._keys(model), self.keys.kv_slot_owners_of(model), self.keys.kv_slot_tags_of(model)]
         approx = np.flatnonzero(np.asarray(approx_cap) > 0)
@@ -112,7 +121,6 @@ class InflightStore:
                                                         self.keys.kv_worker_meta(worker_ids[i], model))]
         approx_no = np.zeros(n)
         approx_no[approx] = np.arange(1, approx.size + 1)
-        hot = np.column_stack([slots, scale, np.zeros(n), np.asarray(chain) + 1, tags]).astype("<f8")
         # Worker ids and queues, concatenated; the cold columns say where each one is.
         names = [part.encode() for pair in zip(worker_ids, queues, strict=True) for part in pair]
         lengths = np.fromiter(map(len, names), dtype=np.int64, count=2 * n)
@@ -122,21 +130,23 @@ class InflightStore:
         indexed = np.flatnonzero(slots >= 0)
         lookup = np.zeros(int(slots.max()) + 1 if indexed.size else 0, dtype="<u2")
         lookup[slots[indexed]] = indexed + 1
-        return PackedRoster(keys=keys, approx_keys=approx_keys, hot=hot, cold=cold.tobytes(), names=b"".join(names),
-                            lookup=lookup.tobytes())
+        static = b"".join((np.asarray(scale, dtype="<f8").tobytes(), (np.asarray(chain) + 1).astype("u1").tobytes(),
+                           np.asarray(tags, dtype="<u4").tobytes()))
+        return PackedRoster(keys=keys, approx_keys=approx_keys, slots=slots.astype("<i4").tobytes(),
+                            lookup=lookup.tobytes(), static=static, tail=cold.tobytes() + b"".join(names))
 
     def candidates(self, model: str, roster: PackedRoster, active: np.ndarray, timing: np.ndarray, table_id: str,
                    replaces: str | None = None) -> Candidates:
         """The candidate table ``table_id``: ``roster`` with each worker's ``active`` blocks (heartbeat
         load) and ``timing`` (the ``time`` cost's columns, router.time_cost). ``replaces``: the id of the
         table it replaces, if any."""
-        hot = roster.hot.copy()
-        hot[:, 2] = active
         own = self.keys.router_table(model, table_id)
         keys = [*roster.keys, own, self.keys.router_table(model, replaces) if replaces else own, *roster.approx_keys]
+        table = b"".join((roster.slots, np.asarray(active, dtype="<i4").tobytes(), roster.lookup, roster.static,
+                          np.asarray(timing).astype("<f4").tobytes(), roster.tail))
         return Candidates(table_id=table_id, n_keys=len(keys), packed_keys=pack_args(*keys), replaces=replaces,
-                          packed_columns=pack_args(hot.tobytes(), roster.cold, roster.names, roster.lookup,
-                                                   np.asarray(timing).astype("<f4").tobytes()))
+                          packed_table=pack_args(table),
+                          packed_shape=pack_args(len(active), len(roster.lookup) // 2))
 
     async def decide(
         self,
@@ -180,7 +190,7 @@ class InflightStore:
                       len(chains), *per_chain),
             pack_args(*(x.encode() for op in settle for x in op)),
         ))
-        n_args = 22 + len(per_chain) + 2 * len(settle)
+        n_args = 20 + len(per_chain) + 2 * len(settle)
         reply = await self._decide_with(candidates, head, tail, n_args, self._stores(candidates))
         if reply[3] == _TABLE_MISSING:  # expired, or Redis restarted: this call stores it again
             reply = await self._decide_with(candidates, head, tail, n_args, True)
@@ -200,7 +210,8 @@ class InflightStore:
             self._stored[candidates.table_id] = time.monotonic()
             if candidates.replaces is not None:
                 self._stored.pop(candidates.replaces, None)
-        middle = pack_args(ROUTER_TABLE_TTL_MS) + candidates.packed_columns if store else _REFERENCE
+        middle = (pack_args(ROUTER_TABLE_TTL_MS) + candidates.packed_table if store else _REFERENCE) + \
+            candidates.packed_shape
         try:
             return await self._decide.call_packed(candidates.n_keys, candidates.packed_keys, n_args,
                                                   b"".join((head, middle, tail)))

@@ -171,7 +171,7 @@ async def test_the_candidate_table_is_sent_once_then_named(counter: RoundTripCou
     before = counter.sent_bytes
     sends, d = await counter.count(lambda: p.choose(req("b"), workers))
     assert (sends, d.worker_id, d.overlap_blocks) == (2, "w1", 10)
-    assert counter.sent_bytes - before > 8000
+    assert counter.sent_bytes - before > 7000  # the table again
     assert await counter.client.keys(keys.router_table("m", "*")) == stored
     sums = np.frombuffer(await counter.client.get(keys.router_inflight("m")), dtype=">u4").reshape(-1, 2)
     assert sums.sum(axis=0).tolist() == [10, 0]  # b only: a's release applied once, b recorded once
