@@ -257,7 +257,9 @@ class Registry:
             await pipe.execute()
 
     async def live_workers(self, model: str | None = None) -> list[LiveWorker]:
-        """Workers whose lease has not expired, in two round trips (three when a registration changed).
+        """Workers whose lease has not expired, by worker id, in two round trips (three when a registration
+        changed). The order is the ids' and not the leases' (every heartbeat moves its worker in those),
+        so the lists of two calls line up while the workers stay (router.worker_table keeps its columns).
 
         A registration is fixed for the worker's lifetime, except its slot when it registers again, and
         a new process under the same id starts with a new ``started_at``: a worker seen at the previous
@@ -276,7 +278,8 @@ class Registry:
         if isinstance(leases[0], list):  # RESP3 (a client whose pool the channel goes through): pairs
             leases = [x for pair in leases for x in pair]
         known = self._records  # this call's view, whatever a concurrent call does to the cache
-        ids: list[bytes] = leases[0::2]
+        entries = sorted(zip(leases[0::2], leases[1::2], strict=True))
+        ids: list[bytes] = [wid for wid, _ in entries]
         packed = b"".join(_listing_reads(self.keys, wid, wid in known) for wid in ids)
         replies = await self.channel.call(packed, 2 * len(ids))
         changed = [wid for i, wid in enumerate(ids) if wid in known and replies[2 * i + 1] != known[wid][0]]
@@ -287,7 +290,7 @@ class Registry:
             full = dict(zip(changed, fresh, strict=True))
         out: list[LiveWorker] = []
         seen: dict[bytes, tuple[list[bytes | None], WorkerRecord]] = {}
-        for i, (wid, expiry) in enumerate(zip(ids, leases[1::2], strict=True)):
+        for i, (wid, expiry) in enumerate(entries):
             if i and i % LISTING_CHUNK == 0:
                 await asyncio.sleep(0)  # let the requests waiting on this loop go between chunks
             load_raw, rec_raw = replies[2 * i], replies[2 * i + 1]

@@ -82,14 +82,18 @@ class WorkerTable:
     active: np.ndarray
     #: The ``time`` cost's columns (router.time_cost.COLUMNS), one row per candidate.
     timing: np.ndarray
+    #: Each candidate's step model as its load carries it, and its coefficients (defaults filled in).
+    step_models: list[str]
+    coefficients: np.ndarray
     candidates: Candidates
 
     def same_workers(self, workers: Sequence[LiveWorker]) -> bool:
         return len(workers) == len(self.given) and all(map(operator.is_, workers, self.given))
 
 
-def _worker_id(worker: LiveWorker) -> str:
-    return worker.record.worker_id
+_worker_id = operator.attrgetter("record.worker_id")
+_load = operator.attrgetter("load")
+_step_model = operator.attrgetter("timing")
 
 
 def publishes_kv_events(record: WorkerRecord) -> bool:
@@ -116,19 +120,27 @@ class TableBuilder:
             return last
         ordered = sorted(workers, key=_worker_id)
         roster = last.roster if last is not None and last.roster.same_records(ordered) else self._roster(model, ordered)
-        loads = [w.load for w in ordered]
+        loads = list(map(_load, ordered))
         n = len(loads)
-        active = np.fromiter((x.active_blocks for x in loads), dtype=np.int64, count=n)
-        total = np.fromiter((x.total_blocks for x in loads), dtype=np.int64, count=n)
-        timing = timing_matrix(
-            np.array([self._coefficients_of(x.timing) for x in loads], dtype=np.float64).reshape(n, len(DEFAULT_TIMING)),
-            roster.budgets, np.where(total != 0, total, roster.kv_blocks),  # a load that does not say: the registration
-            np.fromiter((x.running for x in loads), dtype=np.int64, count=n), roster.sizes,
-            np.fromiter((x.cached_blocks for x in loads), dtype=np.int64, count=n))
+
+        def column(name: str) -> np.ndarray:
+            return np.fromiter(map(operator.attrgetter(name), loads), dtype=np.int64, count=n)
+
+        active, total = column("active_blocks"), column("total_blocks")
+        step_models = list(map(_step_model, loads))
+        if last is not None and last.roster is roster and last.step_models == step_models:
+            coefficients = last.coefficients  # workers refit their step model seldom
+        else:
+            coefficients = np.array(list(map(self._coefficients_of, step_models)), dtype=np.float64).reshape(
+                n, len(DEFAULT_TIMING))
+        timing = timing_matrix(coefficients, roster.budgets,
+                               np.where(total != 0, total, roster.kv_blocks),  # a load that does not say: its registration's
+                               column("running"), roster.sizes, column("cached_blocks"))
         self._built += 1
         table_id = f"{self._token}-{self._built}"
         table = WorkerTable(
             workers=tuple(ordered), given=tuple(workers), roster=roster, active=active, timing=timing,
+            step_models=step_models, coefficients=coefficients,
             candidates=self.inflight.candidates(model, roster.packed, active, timing, table_id,
                                                 replaces=last.candidates.table_id if last is not None else None))
         self._tables[key] = table

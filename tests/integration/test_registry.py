@@ -89,3 +89,10 @@ async def test_the_listing_reads_every_load_field_and_defaults_the_missing_ones(
     await registry.client.delete(registry.keys.load("a"))  # the load's TTL ran out before the registration's
     [listed] = await registry.live_workers()
     assert listed.load == WorkerLoad() and listed.lease_expires_at > time.time()
+
+
+async def test_the_listing_is_in_worker_id_order_whatever_the_leases(registry: Registry) -> None:
+    records = {wid: await registry.register(record(wid), WorkerLoad(), 5) for wid in ("c", "a", "d", "b")}
+    for wid in ("b", "d", "a", "c"):  # each heartbeat moves its worker to the end of the lease order
+        await registry.heartbeat(records[wid], WorkerLoad(running=1), 5 + len(wid))
+    assert [w.record.worker_id for w in await registry.live_workers()] == ["a", "b", "c", "d"]
