@@ -206,6 +206,7 @@ local sums = redis.call('GET', sums_key) or ''
 local top = math.min(nslots, floor(#sums / 8))
 local S = top > 0 and unpack_all('>I4', 4, string.sub(sums, 1, 8 * top)) or {}
 local costs, low, max, min, ceil = {}, math.huge, math.max, math.min, math.ceil
+local ties = {}  -- the candidates of cost `low`, in order
 -- The time cost (router.time_cost, same order of operations): T[b + 1 .. b + 11] = p0, p1, p2, d0,
 -- d1, d2, step token budget, KV blocks, running requests, block size, cached blocks of candidate i
 -- (b = 11 (i - 1)).
@@ -222,7 +223,26 @@ local function prefill(b, nt)
   local full = max(k - 1, 0)
   return full * pre(b, m) + pre(b, nt - full * m), k
 end
-for i = 1, n do
+if not T and not SC then
+  -- The block cost with one block size (every scale 1, so sw = weight and scale * x = x exactly): the
+  -- loop below without what it would multiply by 1.
+  local blocks = prompt[1]
+  for i = 1, n do
+    local s = SL[i]
+    local dsum, psum = 0, 0
+    if s >= 0 and s < top then dsum, psum = S[2 * s + 1], S[2 * s + 2] end
+    local busy = AC[i]
+    if dsum > busy then busy = dsum end
+    local c = weight * (blocks - (overlap[i] or 0)) + weight * psum + busy
+    costs[i] = c
+    if c < low then
+      low, ties = c, {i}
+    elseif c == low then
+      ties[#ties + 1] = i
+    end
+  end
+end
+for i = 1, (T or SC) and n or 0 do
   local s, scale, chain = SL[i], SC and SC[i] or 1, CH and CH[i] or 1
   local dsum, psum = 0, 0
   if s >= 0 and s < top then dsum, psum = S[2 * s + 1], S[2 * s + 2] end
@@ -248,14 +268,16 @@ for i = 1, n do
     c = sw * (prompt[chain] - (overlap[i] or 0)) + sw * psum + scale * max(AC[i], dsum)
   end
   costs[i] = c
-  if c < low then low = c end
+  if c < low then
+    low, ties = c, {i}
+  elseif c == low then
+    ties[#ties + 1] = i
+  end
 end
 
 local chosen = pinned
 if chosen == 0 then
   if temperature <= 0 then
-    local ties = {}
-    for i = 1, n do if costs[i] == low then ties[#ties + 1] = i end end
     chosen = ties[math.floor(u * #ties) + 1]
   else
     local cum, acc = {}, 0
