@@ -6,8 +6,9 @@ same round trip as the bitmaps); a hash request_id -> its prediction; a sorted s
 the predictions of a frontend that died without releasing vanish after ``RouterSettings.inflight_ttl_s``.
 
 A decision is scored, made and recorded in one atomic script call (:meth:`InflightStore.decide`): the
-router sends the prompt's hex chain and the candidates' columns; the script reads the bitmaps, the
-owner tags and the current sums, computes the costs, picks and records. Frontends routing at the same moment therefore
+router sends the prompt's hex chain and names its candidate table (:class:`Candidates`, sent with the
+first decision over it and kept in Redis for the next ones); the script reads the bitmaps, the owner
+tags and the current sums, computes the costs, picks and records. Frontends routing at the same moment therefore
 take turns, each seeing every prediction recorded before its own, and cannot pile onto one worker.
 
 Sums are per slot: when a dead worker's slot is recycled, its unreleased predictions still count on

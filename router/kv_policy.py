@@ -2,7 +2,8 @@
 than the cache hit is worth.
 
 A decision is ONE Redis round trip whatever the number of workers: the router hashes the prompt and
-sends its block keys with the candidates' packed columns to one script (router.inflight,
+sends its block keys with the id of its candidate table (router.worker_table; the table itself goes
+once, with the first decision over it, and Redis keeps it) to one script (router.inflight,
 ``index_scripts.DECIDE``) that reads the bitmaps, the slot owner tags and the shared in-flight sums,
 computes the costs (router.scoring's formula), picks and records the prediction atomically, so
 frontends routing at the same moment take turns instead of piling onto one worker.
