@@ -72,14 +72,15 @@ local function undo(id)
 end
 
 -- The values of a string packed as one repeated item of ``size`` bytes (a struct format with its byte
--- order, one value per item), as one flat table; chunked, since a Lua call returns at most a few
--- thousand values.
+-- order, one value per item), as one flat table; chunked, since a Lua call returns at most about 8,000
+-- values (LUAI_MAXCSTACK).
+local UNPACK_CHUNK = 7000
 local function unpack_all(item, size, data)
   local n = math.floor(#data / size)
-  if n <= 2000 then return {struct.unpack(string.rep(item, n), data)} end
+  if n <= UNPACK_CHUNK then return {struct.unpack(string.rep(item, n), data)} end
   local out = {}
-  for first = 0, n - 1, 2000 do
-    local m = math.min(2000, n - first)
+  for first = 0, n - 1, UNPACK_CHUNK do
+    local m = math.min(UNPACK_CHUNK, n - first)
     local v = {struct.unpack(string.rep(item, m), data, size * first + 1)}
     for k = 1, m do out[first + k] = v[k] end
   end
