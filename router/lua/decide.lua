@@ -1,6 +1,7 @@
 -- DECIDE: scores, decides, records and enqueues in one atomic step (ONE round trip per request).
 -- How it finds overlaps and what it returns: router/index_scripts.py (DECIDE).
--- Returns {chosen (1-based), cost, overlap of the chosen, approx status ('' | 'ok' | 'busy')}.
+-- Returns {chosen (1-based), cost, overlap of the chosen, approx status ('' | 'ok' | 'busy')}, or
+-- {0, '', 0, 'table'} when the candidate table it names is not stored (it changed nothing then).
 -- include: helpers.lua
 
 local sums_key = KEYS[1]      -- in-flight sums (two uint32 per slot: decode, queued prefill)
