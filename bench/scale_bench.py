@@ -13,8 +13,9 @@ bench.fleet.sim says what in them is real) until ``--counts`` workers are live, 
 * decisions: ``KvPolicy.choose`` (the frontend's one deciding script call) for 8K-token prompts over
   every live worker, paced ``--interval-ms`` apart while a registry snapshot is refreshed every
   ``registry_refresh_s`` in the same process, as the frontend's worker directory does (each refresh
-  gives new worker objects, so the next decision repacks its candidate table); ``best`` (the numpy
-  reference) on the same prompts; how long a refresh and a table repack take;
+  gives new worker objects, so the next decision builds a new candidate table from their loads and
+  sends it for Redis to store); ``best`` (the numpy reference) on the same prompts; how long a refresh
+  and the table after it take;
 * leases: heartbeats sent, failed, slowest, and workers that lost their lease.
 
 Stops growing when the decision p99 passes ``--stop-p99-ms`` or a lease is lost. Prints a table; writes
@@ -129,7 +130,7 @@ async def decisions(policy: KvPolicy, snapshot: Snapshot, workload: FleetWorkloa
         best.append((time.perf_counter() - t0) * 1000)
     t0 = time.perf_counter()
     await snapshot.refresh()
-    policy._table(MODEL, snapshot.workers)  # noqa: SLF001 - timing the repack a new snapshot costs
+    policy._table(MODEL, snapshot.workers)  # noqa: SLF001 - timing the table a new snapshot costs
     repack_ms = (time.perf_counter() - t0) * 1000 - snapshot.refresh_ms[-1]
     return {"rounds": rounds, "candidates": len(snapshot.workers), "choose_p50_ms": pct(wall, 50),
             "choose_p99_ms": pct(wall, 99), "choose_max_ms": max(wall), "best_p50_ms": pct(best, 50),
@@ -253,7 +254,7 @@ def print_tables(console: Console, results: dict) -> None:
     table = Table(title=f"Simulated workers against one Redis: decisions at {PROMPT_TOKENS:,} tokens over every live "
                         "worker (choose = the frontend's one script call; best = numpy reference), ingest, memory")
     for col in ("workers", "procs", "register/s", "choose p50", "choose p99", "best p50", "refresh p50/max",
-                "repack", "ingest blocks/s", "batches/s", "redis cpu", "entries", "distinct", "B/entry",
+                "table", "ingest blocks/s", "batches/s", "redis cpu", "entries", "distinct", "B/entry",
                 "B/entry +stream", "leases lost", "hb max"):
         table.add_column(col, justify="right")
     for r in results["runs"]:

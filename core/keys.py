@@ -30,6 +30,10 @@ from dataclasses import dataclass
 KV_EVENTS_STREAM_MAXLEN = 100_000
 #: How many worker slots (bit positions in the prefix index) a namespace may hand out.
 MAX_WORKER_SLOTS = 4096
+#: How long a router's candidate table (:meth:`Keys.router_table`) outlives the decision that stored it: the
+#: router stores it again in a decision once half of this has passed, and replaces it at its next registry
+#: snapshot, so this only bounds what a router that died leaves behind.
+ROUTER_TABLE_TTL_MS = 60_000
 #: The rate-limit window: API keys' limits are per minute (rpm, tpm), counted in fixed windows.
 RATE_WINDOW_S = 60
 #: How long a window's counters outlive the window's start (tokens may still be charged late).
@@ -176,6 +180,12 @@ class Keys:
     def router_inflight_expiry(self, model: str) -> str:
         """Sorted set request_id -> expiry (unix ms): predictions nobody released (a frontend died) expire."""
         return f"{self._model(model)}:inflight-exp"
+
+    def router_table(self, model: str, table_id: str) -> str:
+        """Hash with TTL ``ROUTER_TABLE_TTL_MS``: one router's packed candidate table (router.inflight,
+        fields ``hot``, ``cold``, ``names``, ``lookup``, ``timing``), stored by the decision that first
+        uses it so that later decisions send its id instead of its columns."""
+        return f"{self._model(model)}:table:{table_id}"
 
     # --- streaming and control ---------------------------------------------------------------
     def token_channel(self, frontend_id: str) -> str:

@@ -53,7 +53,10 @@ EXPIRE_GUESSES = lua_script("router", "expire_guesses.lua")
 #:
 #: Cost of candidate i, in the same order of operations as router.scoring.evaluate (sw = scale * weight):
 #:   sw * (prompt - overlap) + sw * queued_sum + scale * max(active, decode_sum)
-#: Returns {chosen (1-based), cost, overlap of the chosen, approx status ('' | 'ok' | 'busy')}.
+#: The candidates come as a table the script stores the first time a router sends it and reads by its id
+#: afterwards, one column at a time (``GETRANGE``), only the columns the decision needs.
+#: Returns {chosen (1-based), cost, overlap of the chosen, approx status ('' | 'ok' | 'busy')}, or
+#: {0, '', 0, 'table'} (nothing done) when the table it names is not stored: the router sends it again.
 DECIDE = lua_script("router", "decide.lua")
 #: Settles in-flight predictions: 'all' or 'prefill' per request (router/lua/release.lua).
 RELEASE = lua_script("router", "release.lua")

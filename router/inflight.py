@@ -6,8 +6,9 @@ same round trip as the bitmaps); a hash request_id -> its prediction; a sorted s
 the predictions of a frontend that died without releasing vanish after ``RouterSettings.inflight_ttl_s``.
 
 A decision is scored, made and recorded in one atomic script call (:meth:`InflightStore.decide`): the
-router sends the prompt's hex chain and the candidates' columns; the script reads the bitmaps, the
-owner tags and the current sums, computes the costs, picks and records. Frontends routing at the same moment therefore
+router sends the prompt's hex chain and names its candidate table (:class:`Candidates`, sent with the
+first decision over it and kept in Redis for the next ones); the script reads the bitmaps, the owner
+tags and the current sums, computes the costs, picks and records. Frontends routing at the same moment therefore
 take turns, each seeing every prediction recorded before its own, and cannot pile onto one worker.
 
 Sums are per slot: when a dead worker's slot is recycled, its unreleased predictions still count on
@@ -16,34 +17,63 @@ the slot until their frontends release them (its requests fail over and end) or 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import redis.asyncio as aioredis
 
-from core.keys import Keys
+from core.keys import ROUTER_TABLE_TTL_MS, Keys
 from core.wire import TaskParts
 from router import index_scripts
 from router.cluster_channel import ClusterChannel, routing_channel
-from router.prefix_index import owner_tag
 from router.resp import hex_digits, pack_args
 from router.resp_channel import PackedScript, RespChannel
 from router.time_cost import TimeWeights
+
+#: A decision's table arguments when the table is stored already: TTL 0 and no table.
+_REFERENCE = pack_args(0, b"")
+#: The status of a decision that named a table Redis does not hold.
+_TABLE_MISSING = b"table"
+
+
+@dataclass(frozen=True, slots=True)
+class PackedRoster:
+    """The part of a candidate table that depends on the registrations alone (router.worker_table keeps it
+    across registry refreshes): the call's fixed keys (sums, requests, expiry, slot owners, slot tags),
+    the keys of the approximate candidates (approx zset and meta each), and the table's columns that
+    do not change with the loads, packed as the script reads them."""
+
+    keys: list[str]
+    approx_keys: list[str]
+    slots: bytes
+    lookup: bytes
+    #: scale, chain and owner tag columns, contiguous in the table.
+    static: bytes
+    #: cold columns and names, the table's tail.
+    tail: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
     """The workers a decision may pick, packed once per candidate list (the frontend reuses it while its
-    registry snapshot stands): the fixed keys of the call (sums, requests, expiry, slot owners, slot tags,
-    then an approx zset and meta per approximate candidate) and the script's candidate arguments (hot and
-    cold columns, worker ids and queues, slot lookup). See ``index_scripts.DECIDE``."""
+    registry snapshot stands). ``table_id`` names the packed table once a decision has stored it in
+    Redis (``Keys.router_table``); ``packed_table`` is what a decision that stores it sends, and
+    ``packed_shape`` its number of candidates and of slot lookup entries (sent with every decision).
+    The table is one string of little-endian columns, each read only by the decisions that need it:
+    slots (int32), active blocks (int32), slot lookup (uint16 per slot), scale (double), chain number
+    (uint8), owner tag (uint32), the ``time`` cost's columns (11 floats), cold columns (6 doubles:
+    approx cap, approx number, offset and length of the worker id and of the queue in the names) and
+    the worker ids and queues, concatenated. See router/lua/decide.lua."""
 
+    table_id: str
     n_keys: int
     packed_keys: bytes
-    packed_args: bytes
-    #: The ``time`` cost's columns as the script's argument (sent only with a decision that uses them).
-    packed_timing: bytes = b""
+    packed_table: bytes
+    packed_shape: bytes
+    #: The id of the table this one replaces (the same pool's previous one): dropped when this one is stored.
+    replaces: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,31 +97,31 @@ class InflightStore:
         self.channel = channel or routing_channel(client)
         self._decide = PackedScript(self.channel, index_scripts.DECIDE)
         self._release = PackedScript(self.channel, index_scripts.RELEASE)
+        #: When a decision last sent each candidate table's columns to be stored (monotonic), by table id.
+        self._stored: dict[str, float] = {}
 
     def _keys(self, model: str) -> list[str]:
         k = self.keys
         return [k.router_inflight(model), k.router_inflight_requests(model), k.router_inflight_expiry(model)]
 
-    def candidates(self, model: str, worker_ids: Sequence[str], queues: Sequence[str], slots: np.ndarray,
-                   scale: np.ndarray, active: np.ndarray, chain: np.ndarray, approx_cap: np.ndarray,
-                   timing: np.ndarray | None = None) -> Candidates:
-        """Pack a candidate list (aligned arrays): ``queues`` = each worker's own queue,
-        ``scale`` = B_w / B_min, ``active`` = heartbeat load,
-        ``chain`` = the number of the chain of its block size (0-based), ``approx_cap`` > 0: approximate
-        mode with at most that many guesses, ``timing`` the ``time`` cost's columns (router.time_cost;
-        None: that cost is not used). Owner tags are derived from the ids."""
+    def roster(self, model: str, worker_ids: Sequence[str], queues: Sequence[str], slots: np.ndarray,
+               scale: np.ndarray, chain: np.ndarray, approx_cap: np.ndarray, tags: np.ndarray) -> PackedRoster:
+        """Pack what a candidate list's registrations say (aligned arrays): ``queues`` = each worker's own
+        queue, ``scale`` = B_w / B_min, ``chain`` = the number of the chain of its block size (0-based),
+        ``approx_cap`` > 0: approximate mode with at most that many guesses, ``tags`` the owner tags of
+        the ids (router.prefix_index.owner_tag)."""
         n = len(worker_ids)
         if n >= 1 << 16:
             raise ValueError(f"{n} candidates: the slot lookup holds at most 65535")
+        if n and int(np.max(chain)) >= 255:
+            raise ValueError("at most 255 distinct block sizes among the candidates")
         slots = np.asarray(slots, dtype=np.int64)
         keys = [*self._keys(model), self.keys.kv_slot_owners_of(model), self.keys.kv_slot_tags_of(model)]
         approx = np.flatnonzero(np.asarray(approx_cap) > 0)
-        for i in approx:
-            keys += [self.keys.kv_worker_approx(worker_ids[i], model), self.keys.kv_worker_meta(worker_ids[i], model)]
+        approx_keys = [key for i in approx for key in (self.keys.kv_worker_approx(worker_ids[i], model),
+                                                        self.keys.kv_worker_meta(worker_ids[i], model))]
         approx_no = np.zeros(n)
         approx_no[approx] = np.arange(1, approx.size + 1)
-        tags = np.fromiter((owner_tag(w) for w in worker_ids), dtype=np.float64, count=n)
-        hot = np.column_stack([slots, scale, active, np.asarray(chain) + 1, tags]).astype("<f8")
         # Worker ids and queues, concatenated; the cold columns say where each one is.
         names = [part.encode() for pair in zip(worker_ids, queues, strict=True) for part in pair]
         lengths = np.fromiter(map(len, names), dtype=np.int64, count=2 * n)
@@ -101,9 +131,23 @@ class InflightStore:
         indexed = np.flatnonzero(slots >= 0)
         lookup = np.zeros(int(slots.max()) + 1 if indexed.size else 0, dtype="<u2")
         lookup[slots[indexed]] = indexed + 1
-        return Candidates(n_keys=len(keys), packed_keys=pack_args(*keys),
-                          packed_args=pack_args(hot.tobytes(), cold.tobytes(), b"".join(names), lookup.tobytes()),
-                          packed_timing=pack_args(timing.astype("<f4").tobytes() if timing is not None else b""))
+        static = b"".join((np.asarray(scale, dtype="<f8").tobytes(), (np.asarray(chain) + 1).astype("u1").tobytes(),
+                           np.asarray(tags, dtype="<u4").tobytes()))
+        return PackedRoster(keys=keys, approx_keys=approx_keys, slots=slots.astype("<i4").tobytes(),
+                            lookup=lookup.tobytes(), static=static, tail=cold.tobytes() + b"".join(names))
+
+    def candidates(self, model: str, roster: PackedRoster, active: np.ndarray, timing: np.ndarray, table_id: str,
+                   replaces: str | None = None) -> Candidates:
+        """The candidate table ``table_id``: ``roster`` with each worker's ``active`` blocks (heartbeat
+        load) and ``timing`` (the ``time`` cost's columns, router.time_cost). ``replaces``: the id of the
+        table it replaces, if any."""
+        own = self.keys.router_table(model, table_id)
+        keys = [*roster.keys, own, self.keys.router_table(model, replaces) if replaces else own, *roster.approx_keys]
+        table = b"".join((roster.slots, np.asarray(active, dtype="<i4").tobytes(), roster.lookup, roster.static,
+                          np.asarray(timing).astype("<f4").tobytes(), roster.tail))
+        return Candidates(table_id=table_id, n_keys=len(keys), packed_keys=pack_args(*keys), replaces=replaces,
+                          packed_table=pack_args(table),
+                          packed_shape=pack_args(len(active), len(roster.lookup) // 2))
 
     async def decide(
         self,
@@ -128,15 +172,17 @@ class InflightStore:
         prediction and, given a ``task``, push it onto the chosen worker's queue (its list under the
         namespace's broker prefix, core.keys): one atomic call, one round trip. ``settle``: operations
         as :meth:`settle` takes them, applied first in the same call.
+        The candidates' columns go with the first decision over them, which stores them in Redis
+        (``Keys.router_table``); the decisions after it send only the table's id. A decision that finds
+        the table gone (it expired, Redis restarted) changes nothing and is sent again with the columns:
+        the one case of two round trips.
         A prediction with the same request id replaces the earlier one. ``time_weights``: score with
         the ``time`` cost (router.time_cost; the candidates need their timing columns), else ``blocks``."""
         per_chain = [x for chain, blocks in zip(chains, prompt_blocks, strict=True)
                      for x in (blocks, hex_digits(chain))]
-        args = b"".join((
-            pack_args(request_id.encode(), self.ttl_ms, repr(float(u)), repr(float(temperature)),
-                      0 if pinned is None else pinned + 1, repr(float(weight))),
-            candidates.packed_args,
-            candidates.packed_timing if time_weights is not None else pack_args(b""),
+        head = pack_args(request_id.encode(), self.ttl_ms, repr(float(u)), repr(float(temperature)),
+                         0 if pinned is None else pinned + 1, repr(float(weight)))
+        tail = b"".join((
             pack_args(model, self.keys.kv_block_prefix(model), int(approx_ttl_s * 1000),
                       *((task.head, task.tail) if task is not None else (b"", b"")), self.keys.broker_prefix,
                       b"time" if time_weights is not None else b"blocks",
@@ -145,9 +191,35 @@ class InflightStore:
                       len(chains), *per_chain),
             pack_args(*(x.encode() for op in settle for x in op)),
         ))
-        chosen, cost, overlap, approx = await self._decide.call_packed(
-            candidates.n_keys, candidates.packed_keys, 21 + len(per_chain) + 2 * len(settle), args)
+        n_args = 20 + len(per_chain) + 2 * len(settle)
+        reply = await self._decide_with(candidates, head, tail, n_args, self._stores(candidates))
+        if reply[3] == _TABLE_MISSING:  # expired, or Redis restarted: this call stores it again
+            reply = await self._decide_with(candidates, head, tail, n_args, True)
+        chosen, cost, overlap, approx = reply
         return Decision(int(chosen) - 1, float(cost), int(overlap), approx.decode())
+
+    def _stores(self, candidates: Candidates) -> bool:
+        """Whether the next decision over ``candidates`` sends its columns to store them: the first one,
+        and then one every half of the stored table's lifetime (a decision sent after one that stores
+        the table on the same connection finds it stored, as Redis runs a connection's calls in order)."""
+        sent = self._stored.get(candidates.table_id)
+        return sent is None or time.monotonic() - sent > ROUTER_TABLE_TTL_MS / 2000
+
+    async def _decide_with(self, candidates: Candidates, head: bytes, tail: bytes, n_args: int,
+                           store: bool) -> list[bytes | int]:
+        if store:
+            self._stored[candidates.table_id] = time.monotonic()
+            if candidates.replaces is not None:
+                self._stored.pop(candidates.replaces, None)
+        middle = (pack_args(ROUTER_TABLE_TTL_MS) + candidates.packed_table if store else _REFERENCE) + \
+            candidates.packed_shape
+        try:
+            return await self._decide.call_packed(candidates.n_keys, candidates.packed_keys, n_args,
+                                                  b"".join((head, middle, tail)))
+        except BaseException:
+            if store:
+                self._stored.pop(candidates.table_id, None)
+            raise
 
     async def settle(self, model: str, ops: Sequence[tuple[str, str]]) -> int:
         """Apply ``(request_id, 'all' | 'prefill')`` operations in order, in one call. Returns how many

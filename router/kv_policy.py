@@ -2,7 +2,8 @@
 than the cache hit is worth.
 
 A decision is ONE Redis round trip whatever the number of workers: the router hashes the prompt and
-sends its block keys with the candidates' packed columns to one script (router.inflight,
+sends its block keys with the id of its candidate table (router.worker_table; the table itself goes
+once, with the first decision over it, and Redis keeps it) to one script (router.inflight,
 ``index_scripts.DECIDE``) that reads the bitmaps, the slot owner tags and the shared in-flight sums,
 computes the costs (router.scoring's formula), picks and records the prediction atomically, so
 frontends routing at the same moment take turns instead of piling onto one worker.
@@ -33,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,15 +45,15 @@ from core.background import BackgroundTasks
 from core.errors import NoWorkerAvailable
 from core.keys import Keys
 from core.settings import RouterSettings
-from core.timing import TimingModel
 from router.cluster_channel import routing_channel
 from router.hashing import block_hashes, root_hash, token_bytes
-from router.inflight import Candidates, Decision, InflightStore
+from router.inflight import Decision, InflightStore
 from router.policies import RouteDecision, RouteRequest, RouterOverrides
-from router.prefix_index import PrefixIndex, owner_tag
-from router.registry import LiveWorker, WorkerRecord
+from router.prefix_index import PrefixIndex
+from router.registry import LiveWorker
 from router.scoring import CostTerms, cost_terms, evaluate, pick_index
-from router.time_cost import TimeWeights, time_costs, timing_columns
+from router.time_cost import TimeWeights, time_costs
+from router.worker_table import TableBuilder, WorkerTable
 
 log = logging.getLogger(__name__)
 
@@ -63,47 +63,11 @@ _root_hash = functools.lru_cache(maxsize=1024)(root_hash)
 SETTLE_DELAY_S = 0.005
 
 
-def _timing(worker: LiveWorker) -> tuple[float, ...] | None:
-    model = TimingModel.decode_text(worker.load.timing)
-    return model.coefficients if model is not None else None
-
-
-def publishes_kv_events(record: WorkerRecord) -> bool:
-    """Whether the worker's engine reports its cache (False: approximate mode, the routers guess)."""
-    return record.kv_events
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerTable:
-    """The per-worker columns of one candidate list (aligned with it), built once and reused while the
-    caller passes the same worker objects (the frontend's directory hands out one list per registry
-    snapshot), so a decision does no per-worker Python work. ``indexed``: the candidates with a slot;
-    ``tags``: their expected owner tags; ``approx_cap`` > 0: approximate mode, at most that many guesses."""
-
-    workers: tuple[LiveWorker, ...]
-    ids: list[str]
-    slots: np.ndarray
-    sizes: np.ndarray
-    candidates: Candidates
-    block_sizes: list[int]
-    chain_no: np.ndarray
-    indexed: np.ndarray
-    tags: np.ndarray
-    active: np.ndarray
-    approx_cap: np.ndarray
-    position: dict[str, int]
-    #: The ``time`` cost's columns (router.time_cost.COLUMNS), one row per candidate.
-    timing: np.ndarray
-
-    def same_workers(self, workers: Sequence[LiveWorker]) -> bool:
-        return len(workers) == len(self.workers) and all(map(operator.is_, workers, self.workers))
-
-
 @dataclass(frozen=True, slots=True)
 class Scored:
-    """A scored request: per candidate worker (aligned arrays, in the order given) what the decision needs."""
+    """A scored request: per candidate worker (aligned arrays, in the order of the table's rows) what the
+    decision needs."""
 
-    workers: Sequence[LiveWorker]
     table: WorkerTable
     chains: list[list[int]]
     prompt: np.ndarray
@@ -130,9 +94,7 @@ class KvPolicy:
         self.inflight = InflightStore(client, keys, settings.inflight_ttl_s, channel=self.channel)
         self._rng = rng or random.Random()
         self._model_of: dict[str, str] = {}
-        # One table per model and candidate pool: a disaggregated request is routed twice, over the
-        # decode (and agg) workers and over the prefill workers, and each list keeps its table.
-        self._tables: dict[tuple[str, str], WorkerTable] = {}
+        self._tables = TableBuilder(settings, self.inflight)
         self._background = BackgroundTasks("releasing a routing prediction")
         self._pending: dict[str, dict[str, str]] = {}
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -143,9 +105,6 @@ class KvPolicy:
         if (over.cost or self.settings.cost) != "time" or (over.cost is None and over.overlap_score_weight is not None):
             return None
         return TimeWeights(self.settings.decode_slowdown_weight, self.settings.eviction_weight)
-
-    def _approximate(self, worker: LiveWorker) -> bool:
-        return self.settings.approximate or not publishes_kv_events(worker.record)
 
     # ---- Policy ---------------------------------------------------------------------------------
     async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
@@ -166,7 +125,7 @@ class KvPolicy:
             raise
         if decision.approx_status == "busy":
             log.info("approximate guesses for %s skipped: its slot still holds a gone worker's blocks",
-                     table.ids[decision.index])
+                     table.roster.ids[decision.index])
         record = table.workers[decision.index].record
         return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=decision.overlap,
                              cost=decision.cost, enqueued=request.task is not None and self.enqueues)
@@ -176,11 +135,11 @@ class KvPolicy:
         over = request.overrides
         return await self.inflight.decide(
             request.model, request.request_id, table.candidates,
-            [block_hashes(tokens, bs, root) for bs in table.block_sizes],
-            [-(-n_tokens // bs) for bs in table.block_sizes],
+            [block_hashes(tokens, bs, root) for bs in table.roster.block_sizes],
+            [-(-n_tokens // bs) for bs in table.roster.block_sizes],
             weight=self.settings.overlap_score_weight if over.overlap_score_weight is None else over.overlap_score_weight,
             temperature=self.settings.temperature if over.temperature is None else over.temperature,
-            u=self._rng.random(), pinned=table.position.get(over.worker_id) if over.worker_id else None,
+            u=self._rng.random(), pinned=table.roster.position.get(over.worker_id) if over.worker_id else None,
             approx_ttl_s=self.settings.approx_ttl_s, task=request.task if self.enqueues else None, settle=settle,
             time_weights=self._time_weights(over))
 
@@ -191,7 +150,7 @@ class KvPolicy:
         costs = evaluate(s.terms, s.prefill, s.decode) if weights is None else \
             time_costs(s.prompt, s.overlap, s.prefill, s.table.active, s.decode, s.table.timing, weights)
         idx = s.pinned if s.pinned is not None else pick_index(costs, s.temperature, self._rng.random())
-        record = s.workers[idx].record
+        record = s.table.workers[idx].record
         return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=int(s.overlap[idx]),
                              cost=float(costs[idx]))
 
@@ -248,37 +207,7 @@ class KvPolicy:
 
     # ---- the steps ------------------------------------------------------------------------------
     def _table(self, model: str, workers: Sequence[LiveWorker]) -> WorkerTable:
-        key = (model, workers[0].record.pool if workers else "")
-        table = self._tables.get(key)
-        if table is not None and table.same_workers(workers):
-            return table
-        n = len(workers)
-        records = [w.record for w in workers]
-        slots = np.fromiter((r.slot for r in records), dtype=np.int64, count=n)
-        sizes = np.fromiter((r.block_size for r in records), dtype=np.int64, count=n)
-        block_sizes = sorted(set(sizes.tolist()))
-        indexed = np.flatnonzero(slots >= 0)
-        cap_limit = self.settings.approx_max_blocks
-        caps = np.array([min(cap_limit, w.record.kv_blocks or cap_limit) if self._approximate(w) else 0
-                         for w in workers], dtype=np.int64)
-        caps[slots < 0] = 0
-        ids = [r.worker_id for r in records]
-        active = np.fromiter((w.load.active_blocks for w in workers), dtype=np.int64, count=n)
-        chain_no = np.searchsorted(block_sizes, sizes)
-        timing = timing_columns([_timing(w) for w in workers], [r.max_batched_tokens for r in records],
-                                [w.load.total_blocks or r.kv_blocks for w, r in zip(workers, records, strict=True)],
-                                [w.load.running for w in workers], [r.block_size for r in records],
-                                [w.load.cached_blocks for w in workers])
-        table = WorkerTable(
-            workers=tuple(workers), ids=ids, slots=slots, sizes=sizes, block_sizes=block_sizes,
-            candidates=self.inflight.candidates(model, ids, [r.queue for r in records], slots, sizes / sizes.min(),
-                                                active, chain_no, caps, timing),
-            chain_no=chain_no, indexed=indexed,
-            tags=np.fromiter((owner_tag(ids[i]) for i in indexed), np.int64, count=indexed.size),
-            active=active,
-            approx_cap=caps, position={wid: i for i, wid in reversed(list(enumerate(ids)))}, timing=timing)
-        self._tables[key] = table
-        return table
+        return self._tables.table(model, workers)
 
     async def _score(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> Scored:
         if not workers:
@@ -288,24 +217,24 @@ class KvPolicy:
         n = len(workers)
         tokens = token_bytes(request.token_ids)
         root = _root_hash(request.model, request.lora)
-        chains = [block_hashes(tokens, bs, root) for bs in table.block_sizes]
-        indexed = table.indexed
-        read = await self.index.read(request.model, chains, table.slots[indexed], with_sums=True)
+        chains = [block_hashes(tokens, bs, root) for bs in table.roster.block_sizes]
+        indexed = table.roster.indexed
+        read = await self.index.read(request.model, chains, table.roster.slots[indexed], with_sums=True)
         overlap = np.zeros(n, dtype=np.int64)
         decode = np.zeros(n, dtype=np.int64)
         prefill = np.zeros(n, dtype=np.int64)
         if indexed.size:
             # Bits at a slot count only while the index says the slot is this worker's (not a gone one's).
             held = read.overlaps[0] if len(chains) == 1 else \
-                np.stack(read.overlaps)[table.chain_no[indexed], np.arange(indexed.size)]
-            overlap[indexed] = np.where(read.tags == table.tags, held, 0)
+                np.stack(read.overlaps)[table.roster.chain_no[indexed], np.arange(indexed.size)]
+            overlap[indexed] = np.where(read.tags == table.roster.tags, held, 0)
             decode[indexed], prefill[indexed] = read.decode, read.prefill
-        prompt = -(-(len(tokens) // 4) // table.sizes)
+        prompt = -(-(len(tokens) // 4) // table.roster.sizes)
         weight = self.settings.overlap_score_weight if over.overlap_score_weight is None else over.overlap_score_weight
         return Scored(
-            workers=workers, table=table, chains=chains, prompt=prompt, overlap=overlap,
-            terms=cost_terms(prompt, overlap, table.active, table.sizes, weight=weight),
+            table=table, chains=chains, prompt=prompt, overlap=overlap,
+            terms=cost_terms(prompt, overlap, table.active, table.roster.sizes, weight=weight),
             temperature=self.settings.temperature if over.temperature is None else over.temperature,
-            pinned=table.position.get(over.worker_id) if over.worker_id else None,
+            pinned=table.roster.position.get(over.worker_id) if over.worker_id else None,
             decode=decode, prefill=prefill,
         )

@@ -36,10 +36,11 @@ from core.keys import Keys
 from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings, get_settings
 from router.control import clear_kv_blocks
-from router.kv_policy import KvPolicy, publishes_kv_events
+from router.kv_policy import KvPolicy
 from router.policies import RouteRequest, RouterOverrides
 from router.reaper import run_reaper
 from router.registry import LiveWorker, Registry
+from router.worker_table import publishes_kv_events
 
 TokenId = Annotated[int, Field(ge=0, lt=2**32)]
 

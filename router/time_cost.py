@@ -53,13 +53,26 @@ def timing_columns(timings: Sequence[tuple[float, ...] | None], budgets: Sequenc
                    running: Sequence[int], block_sizes: Sequence[int],
                    cached_blocks: Sequence[int] | None = None) -> np.ndarray:
     """The candidates' columns (one row each, :data:`COLUMNS`), defaults filled in."""
-    cached = cached_blocks if cached_blocks is not None else [0] * len(budgets)
-    rows = [(*(t if t is not None else DEFAULT_TIMING), float(m or DEFAULT_BUDGET), float(max(k, 1)), float(r),
-             float(b), float(c))
-            for t, m, k, r, b, c in zip(timings, budgets, kv_blocks, running, block_sizes, cached, strict=True)]
-    # Single precision is plenty for a prediction and halves what every decision sends (at 1,000 workers,
-    # 44 KB): the columns are rounded to it here, so numpy and the script compute on the same values.
-    return np.asarray(rows, dtype=np.float32).reshape(len(rows), len(COLUMNS)).astype(np.float64)
+    n = len(budgets)
+    coefficients = np.array([t if t is not None else DEFAULT_TIMING for t in timings], dtype=np.float64)
+    return timing_matrix(coefficients.reshape(n, len(DEFAULT_TIMING)), budgets, kv_blocks, running, block_sizes,
+                         cached_blocks if cached_blocks is not None else np.zeros(n))
+
+
+def timing_matrix(coefficients: np.ndarray, budgets: Sequence[int] | np.ndarray, kv_blocks: Sequence[int] | np.ndarray,
+                  running: Sequence[int] | np.ndarray, block_sizes: Sequence[int] | np.ndarray,
+                  cached_blocks: Sequence[int] | np.ndarray) -> np.ndarray:
+    """:func:`timing_columns` from aligned arrays, ``coefficients`` (one row of ``p0 .. d2`` per
+    candidate) with the defaults already in: a budget of 0 reads as :data:`DEFAULT_BUDGET`, KV blocks
+    count at least 1."""
+    budget = np.asarray(budgets, dtype=np.float64)
+    cols = np.column_stack([coefficients, np.where(budget != 0, budget, float(DEFAULT_BUDGET)),
+                            np.maximum(np.asarray(kv_blocks, dtype=np.float64), 1.0),
+                            np.asarray(running, dtype=np.float64), np.asarray(block_sizes, dtype=np.float64),
+                            np.asarray(cached_blocks, dtype=np.float64)])
+    # Single precision is plenty for a prediction and halves what the routers store per table (at 1,000
+    # workers, 44 KB): the columns are rounded to it here, so numpy and the script compute on the same values.
+    return cols.reshape(len(budget), len(COLUMNS)).astype(np.float32).astype(np.float64)
 
 
 def _pre(cols: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -1,6 +1,7 @@
 -- DECIDE: scores, decides, records and enqueues in one atomic step (ONE round trip per request).
 -- How it finds overlaps and what it returns: router/index_scripts.py (DECIDE).
--- Returns {chosen (1-based), cost, overlap of the chosen, approx status ('' | 'ok' | 'busy')}.
+-- Returns {chosen (1-based), cost, overlap of the chosen, approx status ('' | 'ok' | 'busy')}, or
+-- {0, '', 0, 'table'} when the candidate table it names is not stored (it changed nothing then).
 -- include: helpers.lua
 
 local sums_key = KEYS[1]      -- in-flight sums (two uint32 per slot: decode, queued prefill)
@@ -8,8 +9,10 @@ local requests_key = KEYS[2]  -- in-flight requests
 local expiry_key = KEYS[3]    -- in-flight expiry zset
 local owners_key = KEYS[4]    -- slot owners
 local tags_key = KEYS[5]      -- slot owner tags
--- KEYS[6..]: for every candidate in approximate mode, its approx zset and its meta, in order.
-local FIRST_APPROX_KEY = 6
+local table_key = KEYS[6]     -- the candidate table (its packed columns, below)
+local replaced_key = KEYS[7]  -- the table it replaces (dropped when this one is stored), or KEYS[6]
+-- KEYS[8..]: for every candidate in approximate mode, its approx zset and its meta, in order.
+local FIRST_APPROX_KEY = 8
 
 local rid = ARGV[1]                        -- the request id
 local prediction_ttl_ms = tonumber(ARGV[2])
@@ -17,26 +20,48 @@ local u = tonumber(ARGV[3])                -- uniform in [0, 1): ties and sampli
 local temperature = tonumber(ARGV[4])
 local pinned = tonumber(ARGV[5])           -- the pinned candidate (1-based), 0 = none
 local weight = tonumber(ARGV[6])           -- overlap score weight
-local hot = ARGV[7]      -- 5 little-endian doubles per candidate: slot, scale, active blocks, chain, tag
-local cold = ARGV[8]     -- 6 little-endian doubles per candidate: approx cap, approx number, then
-                         -- offset and length of its worker id, and of its queue, in `names`
-local names = ARGV[9]    -- the candidates' worker ids and queues, concatenated
-local lookup = ARGV[10]  -- a little-endian uint16 per slot: the candidate at that slot (1-based) or 0
-local timing = ARGV[11]  -- 11 little-endian floats per candidate (router.time_cost.COLUMNS), or ''
-local model = ARGV[12]
-local prefix = ARGV[13]  -- the model's block key prefix
-local approx_ttl_ms = tonumber(ARGV[14])
-local task_head, task_tail = ARGV[15], ARGV[16]  -- '' and '': enqueue nothing
-local broker_prefix = ARGV[17]  -- what a queue's Redis list is named with before the queue (core.keys)
-local cost_kind = ARGV[18]      -- 'time' (router.time_cost) or 'blocks' (router.scoring)
-local slowdown_weight = tonumber(ARGV[19])
-local eviction_weight = tonumber(ARGV[20])
-local nchains = tonumber(ARGV[21])
--- ARGV[20 + 2c], ARGV[21 + 2c] for chain c = 1..nchains: the prompt's length in blocks and its hex
+local table_ttl_ms = tonumber(ARGV[7])     -- > 0: store `sent` as the table for that long; 0: it is stored
+local sent = ARGV[8]                       -- the table (below), or '' when it is stored already
+local n = tonumber(ARGV[9])                -- candidates
+local nslots = tonumber(ARGV[10])          -- entries of the slot lookup
+-- The candidate table (router.inflight.Candidates), one string of columns, each little-endian:
+local SLOTS = 0                    -- int32 per candidate: its slot (-1: none)
+local ACTIVE = 4 * n               -- int32 per candidate: its active blocks (heartbeat)
+local LOOKUP = 8 * n               -- uint16 per slot: the candidate at that slot (1-based) or 0
+local SCALE = 8 * n + 2 * nslots   -- double per candidate: its block size / the smallest
+local CHAIN = 16 * n + 2 * nslots  -- uint8 per candidate: the number of the chain of its block size
+local TAGS = 17 * n + 2 * nslots   -- uint32 per candidate: its owner tag
+local TIMING = 21 * n + 2 * nslots -- 11 floats per candidate (router.time_cost.COLUMNS)
+local COLD = 65 * n + 2 * nslots   -- 6 doubles per candidate: approx cap, approx number, then offset
+                                   -- and length of its worker id, and of its queue, in the names
+local NAMES = 113 * n + 2 * nslots -- the candidates' worker ids and queues, concatenated
+local model = ARGV[11]
+local prefix = ARGV[12]  -- the model's block key prefix
+local approx_ttl_ms = tonumber(ARGV[13])
+local task_head, task_tail = ARGV[14], ARGV[15]  -- '' and '': enqueue nothing
+local broker_prefix = ARGV[16]  -- what a queue's Redis list is named with before the queue (core.keys)
+local cost_kind = ARGV[17]      -- 'time' (router.time_cost) or 'blocks' (router.scoring)
+local slowdown_weight = tonumber(ARGV[18])
+local eviction_weight = tonumber(ARGV[19])
+local nchains = tonumber(ARGV[20])
+-- ARGV[19 + 2c], ARGV[20 + 2c] for chain c = 1..nchains: the prompt's length in blocks and its hex
 -- chain; then pending in-flight operations (pairs, as RELEASE takes them).
-local function chain_blocks(c) return tonumber(ARGV[20 + 2 * c]) end
-local function chain_hex(c) return ARGV[21 + 2 * c] end
-local FIRST_PENDING = 22 + 2 * nchains
+local function chain_blocks(c) return tonumber(ARGV[19 + 2 * c]) end
+local function chain_hex(c) return ARGV[20 + 2 * c] end
+local FIRST_PENDING = 21 + 2 * nchains
+
+if table_ttl_ms > 0 then
+  redis.call('SET', table_key, sent, 'PX', table_ttl_ms)
+  if replaced_key ~= table_key then redis.call('DEL', replaced_key) end
+end
+-- Each decision reads only the columns it needs.
+local function column(at, length)
+  if length <= 0 then return '' end
+  return redis.call('GETRANGE', table_key, at, at + length - 1)
+end
+local head = column(0, LOOKUP + 2 * nslots)
+-- Gone (expired, or Redis restarted): nothing is done, the router sends the call again with the table.
+if #head ~= LOOKUP + 2 * nslots then return {0, '', 0, 'table'} end
 
 local function undo(id)
   local rec = redis.call('HGET', requests_key, id)
@@ -48,14 +73,15 @@ local function undo(id)
 end
 
 -- The values of a string packed as one repeated item of ``size`` bytes (a struct format with its byte
--- order, one value per item), as one flat table; chunked, since a Lua call returns at most a few
--- thousand values.
+-- order, one value per item), as one flat table; chunked, since a Lua call returns at most about 8,000
+-- values (LUAI_MAXCSTACK).
+local UNPACK_CHUNK = 7000
 local function unpack_all(item, size, data)
   local n = math.floor(#data / size)
-  if n <= 2000 then return {struct.unpack(string.rep(item, n), data)} end
+  if n <= UNPACK_CHUNK then return {struct.unpack(string.rep(item, n), data)} end
   local out = {}
-  for first = 0, n - 1, 2000 do
-    local m = math.min(2000, n - first)
+  for first = 0, n - 1, UNPACK_CHUNK do
+    local m = math.min(UNPACK_CHUNK, n - first)
     local v = {struct.unpack(string.rep(item, m), data, size * first + 1)}
     for k = 1, m do out[first + k] = v[k] end
   end
@@ -75,11 +101,19 @@ settle(sums_key, requests_key, expiry_key, ARGV, FIRST_PENDING, #ARGV)
 
 local SPLIT = 8
 local unpack_at, byte, floor, band, rshift = struct.unpack, string.byte, math.floor, bit.band, bit.rshift
--- H[5i-4 .. 5i]: slot, scale, active, chain, tag of candidate i.
-local H = unpack_all('<d', 8, hot)
-local n = #hot / 40
-local nslots = #lookup / 2
-local tags = nil
+-- Per candidate i: SL[i] its slot, AC[i] its active blocks; with several block sizes SC[i] its scale
+-- and CH[i] its chain (with one, every scale is 1 and every chain 1).
+local SL = unpack_all('<i4', 4, string.sub(head, SLOTS + 1, ACTIVE))
+local AC = unpack_all('<i4', 4, string.sub(head, ACTIVE + 1, LOOKUP))
+local lookup = string.sub(head, LOOKUP + 1)
+local SC, CH = nil, nil
+if nchains > 1 then
+  SC = unpack_all('<d', 8, column(SCALE, 8 * n))
+  CH = {byte(column(CHAIN, n), 1, n)}
+end
+local function chain_of(i) return CH and CH[i] or 1 end
+local own_tags = nil  -- the candidates' owner tags, read once some candidate needs its own
+local tags = nil      -- the slots' owner tags as the index holds them
 local overlap, prompt = {}, {}
 
 local function holds(v, s)
@@ -116,9 +150,12 @@ for c = 1, nchains do
           local s = 8 * b - 8 + k
           if band(x, rshift(128, k)) ~= 0 and s < nslots then
             local i = unpack_at('<I2', lookup, 2 * s + 1)
-            if i > 0 and H[5 * i - 1] == c then
+            if i > 0 and chain_of(i) == c then
               tags = tags or redis.call('GET', tags_key) or ''
-              if #tags >= 4 * s + 4 and unpack_at('>I4', tags, 4 * s + 1) == H[5 * i] then alive[#alive + 1] = i end
+              own_tags = own_tags or column(TAGS, 4 * n)
+              if #tags >= 4 * s + 4 and unpack_at('>I4', tags, 4 * s + 1) == unpack_at('<I4', own_tags, 4 * i - 3) then
+                alive[#alive + 1] = i
+              end
             end
           end
         end
@@ -157,7 +194,7 @@ for c = 1, nchains do
     end
     table.sort(bounds)
     for _, i in ipairs(alive) do
-      local s, run = H[5 * i - 4], count
+      local s, run = SL[i], count
       for _, b in ipairs(bounds) do
         if not holds(R[b], s) then run = b; break end
       end
@@ -171,10 +208,11 @@ local sums = redis.call('GET', sums_key) or ''
 local top = math.min(nslots, floor(#sums / 8))
 local S = top > 0 and unpack_all('>I4', 4, string.sub(sums, 1, 8 * top)) or {}
 local costs, low, max, min, ceil = {}, math.huge, math.max, math.min, math.ceil
+local ties = {}  -- the candidates of cost `low`, in order
 -- The time cost (router.time_cost, same order of operations): T[b + 1 .. b + 11] = p0, p1, p2, d0,
 -- d1, d2, step token budget, KV blocks, running requests, block size, cached blocks of candidate i
 -- (b = 11 (i - 1)).
-local T = cost_kind == 'time' and unpack_all('<f', 4, timing) or nil
+local T = cost_kind == 'time' and unpack_all('<f', 4, column(TIMING, 44 * n)) or nil
 local function pre(b, t)
   if t <= 0 then return 0 end
   local v = T[b + 1] + T[b + 2] * t + T[b + 3] * t * t
@@ -187,19 +225,37 @@ local function prefill(b, nt)
   local full = max(k - 1, 0)
   return full * pre(b, m) + pre(b, nt - full * m), k
 end
-for i = 1, n do
-  local o = 5 * i - 5
-  local s, scale = H[o + 1], H[o + 2]
+if not T and not SC then
+  -- The block cost with one block size (every scale 1, so sw = weight and scale * x = x exactly): the
+  -- loop below without what it would multiply by 1.
+  local blocks = prompt[1]
+  for i = 1, n do
+    local s = SL[i]
+    local dsum, psum = 0, 0
+    if s >= 0 and s < top then dsum, psum = S[2 * s + 1], S[2 * s + 2] end
+    local busy = AC[i]
+    if dsum > busy then busy = dsum end
+    local c = weight * (blocks - (overlap[i] or 0)) + weight * psum + busy
+    costs[i] = c
+    if c < low then
+      low, ties = c, {i}
+    elseif c == low then
+      ties[#ties + 1] = i
+    end
+  end
+end
+for i = 1, (T or SC) and n or 0 do
+  local s, scale, chain = SL[i], SC and SC[i] or 1, CH and CH[i] or 1
   local dsum, psum = 0, 0
   if s >= 0 and s < top then dsum, psum = S[2 * s + 1], S[2 * s + 2] end
   local c
   if T then
     local b = 11 * (i - 1)
     local bs = T[b + 10]
-    local blocks = prompt[H[o + 4]] - (overlap[i] or 0)
+    local blocks = prompt[chain] - (overlap[i] or 0)
     local own = max(blocks * bs, 1)
     local q = psum * bs
-    local busy = max(H[o + 3], dsum)
+    local busy = max(AC[i], dsum)
     local total, k = prefill(b, q + own)
     local before = prefill(b, q)
     local u = min(busy / T[b + 8], 1)
@@ -211,17 +267,19 @@ for i = 1, n do
     c = ttft + slowdown_weight * slowdown + eviction_weight * (evicted * bs * T[b + 2])
   else
     local sw = scale * weight
-    c = sw * (prompt[H[o + 4]] - (overlap[i] or 0)) + sw * psum + scale * max(H[o + 3], dsum)
+    c = sw * (prompt[chain] - (overlap[i] or 0)) + sw * psum + scale * max(AC[i], dsum)
   end
   costs[i] = c
-  if c < low then low = c end
+  if c < low then
+    low, ties = c, {i}
+  elseif c == low then
+    ties[#ties + 1] = i
+  end
 end
 
 local chosen = pinned
 if chosen == 0 then
   if temperature <= 0 then
-    local ties = {}
-    for i = 1, n do if costs[i] == low then ties[#ties + 1] = i end end
     chosen = ties[math.floor(u * #ties) + 1]
   else
     local cum, acc = {}, 0
@@ -232,9 +290,9 @@ if chosen == 0 then
   end
 end
 
-local cap, approx_no, woff, wlen, qoff, qlen = unpack_at('<dddddd', cold, 48 * chosen - 47)
-local wid = string.sub(names, woff + 1, woff + wlen)
-local s, c, tag = H[5 * chosen - 4], H[5 * chosen - 1], H[5 * chosen]
+local cap, approx_no, woff, wlen, qoff, qlen = unpack_at('<dddddd', column(COLD + 48 * (chosen - 1), 48))
+local wid = column(NAMES + woff, wlen)
+local s, c = SL[chosen], chain_of(chosen)
 local ov = overlap[chosen] or 0
 local d, p = prompt[c], prompt[c] - ov
 redis.call('HSET', requests_key, rid, string.format('%d %d %d ', s, d, p) .. wid)
@@ -242,7 +300,7 @@ add_sums(sums_key, s, d, p)
 redis.call('ZADD', expiry_key, now + prediction_ttl_ms, rid)
 if task_head ~= '' and not again then
   -- The task message for the chosen worker's queue: enqueued in the same step as the prediction.
-  local queue = string.sub(names, qoff + 1, qoff + qlen)
+  local queue = column(NAMES + qoff, qlen)
   redis.call('LPUSH', broker_prefix .. queue, task_head .. queue .. task_tail)
 end
 local cost = string.format('%.17g', costs[chosen])
@@ -258,7 +316,7 @@ if old_slot and old_slot ~= s then
   clear_worker(mkey, nil, zkey)
   unclaim(owners_key, tags_key, old_slot, wid)
 end
-if not owner then claim(owners_key, tags_key, s, wid, tag) end
+if not owner then claim(owners_key, tags_key, s, wid, (unpack_at('<I4', column(TAGS + 4 * (chosen - 1), 4)))) end
 redis.call('HSET', mkey, 'slot', s, 'model', model, 'bprefix', prefix)
 expire_guesses(zkey, mkey, now, 512)
 local expiry, hex = now + approx_ttl_ms, chain_hex(c)

@@ -73,3 +73,26 @@ async def test_deregister_ends_the_lease_and_the_reaper_frees_everything(registr
     assert await registry.expired_workers() == ["a"]
     assert await reap_dead_workers(registry, PrefixIndex(registry.client, registry.keys), grace_s=0) == ["a"]
     assert await registry.client.keys(f"{registry.keys.prefix}:*") == []
+
+
+async def test_the_listing_reads_every_load_field_and_defaults_the_missing_ones(registry: Registry) -> None:
+    load = WorkerLoad(running=3, waiting=1, active_blocks=40, total_blocks=512, updated_at=1.5e9, draining=True,
+                      kv_resyncs=2, tokens_per_s=12.5, loras="a,b", timing="1.0,2.0,3.0,4.0,5.0,6.0", cached_blocks=300)
+    a = await registry.register(record("a"), load, 5)
+    [listed] = await registry.live_workers()
+    assert listed.load == load and listed.record == a
+    # A worker of an older release publishes fewer fields: those it lacks read as their defaults.
+    await registry.client.hdel(registry.keys.load("a"), "cached_blocks", "timing", "draining")
+    [listed] = await registry.live_workers()
+    assert listed.load == WorkerLoad(running=3, waiting=1, active_blocks=40, total_blocks=512, updated_at=1.5e9,
+                                     kv_resyncs=2, tokens_per_s=12.5, loras="a,b")
+    await registry.client.delete(registry.keys.load("a"))  # the load's TTL ran out before the registration's
+    [listed] = await registry.live_workers()
+    assert listed.load == WorkerLoad() and listed.lease_expires_at > time.time()
+
+
+async def test_the_listing_is_in_worker_id_order_whatever_the_leases(registry: Registry) -> None:
+    records = {wid: await registry.register(record(wid), WorkerLoad(), 5) for wid in ("c", "a", "d", "b")}
+    for wid in ("b", "d", "a", "c"):  # each heartbeat moves its worker to the end of the lease order
+        await registry.heartbeat(records[wid], WorkerLoad(running=1), 5 + len(wid))
+    assert [w.record.worker_id for w in await registry.live_workers()] == ["a", "b", "c", "d"]

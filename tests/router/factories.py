@@ -29,10 +29,12 @@ def make_worker(worker_id: str, slot: int, *, active_blocks: int = 0, **record: 
 
 @dataclass
 class RoundTripCounter:
-    """A client whose connections count the packets they send: one per command, or per pipeline."""
+    """A client whose connections count the packets they send (one per command, or per pipeline) and
+    their bytes."""
 
     client: aioredis.Redis = field(init=False)
     sends: int = 0
+    sent_bytes: int = 0
 
     @classmethod
     def connect(cls, url: str) -> RoundTripCounter:
@@ -41,6 +43,7 @@ class RoundTripCounter:
         class Counting(aioredis.Connection):
             async def send_packed_command(self, command, check_health=True):  # type: ignore[no-untyped-def]
                 counter.sends += 1
+                counter.sent_bytes += len(command) if isinstance(command, bytes | bytearray) else sum(map(len, command))
                 return await super().send_packed_command(command, check_health)
 
         pool = aioredis.ConnectionPool.from_url(url, connection_class=Counting)

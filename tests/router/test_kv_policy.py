@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from core.errors import NoWorkerAvailable
-from core.keys import Keys
+from core.keys import ROUTER_TABLE_TTL_MS, Keys
 from core.settings import RouterSettings
 from core.timing import TimingModel
 from router.hashing import block_hashes, root_hash
@@ -148,6 +148,64 @@ async def test_round_trips(counter: RoundTripCounter, keys: Keys, index: PrefixI
     assert sends == 1  # the pending release rode along with the next decision: no call of its own
     sums = np.frombuffer(await counter.client.get(keys.router_inflight("m")), dtype=">u4").reshape(-1, 2)
     assert sums.sum(axis=0).tolist() == [10, 10]  # only d: c was released first, in the same call
+
+
+async def test_the_candidate_table_is_sent_once_then_named(counter: RoundTripCounter, keys: Keys,
+                                                           index: PrefixIndex) -> None:
+    """The first decision over a candidate list sends its columns, which Redis keeps; the decisions after
+    it send the table's id. A decision that finds the table gone sends it again (its one second round
+    trip), and the table of a new registry snapshot replaces the old one."""
+    await index.resync("w1", 1, "m", chain(PROMPT), 0)
+    workers = [make_worker(f"w{i}", i) for i in range(64)]
+    p = policy(counter.client, keys)
+    await p.choose(req("warm"), workers)  # loads the script
+    stored = await counter.client.keys(keys.router_table("m", "*"))
+    assert len(stored) == 1 and 0 < await counter.client.pttl(stored[0]) <= ROUTER_TABLE_TTL_MS
+    p.release("warm")
+    before = counter.sent_bytes
+    sends, d = await counter.count(lambda: p.choose(req("a"), workers))
+    assert (sends, d.worker_id, d.overlap_blocks) == (1, "w1", 10)
+    assert counter.sent_bytes - before < 1500  # the prompt's chain and the request, not 64 workers' columns
+    p.release("a")
+    await counter.client.delete(*stored)  # expired, or Redis restarted
+    before = counter.sent_bytes
+    sends, d = await counter.count(lambda: p.choose(req("b"), workers))
+    assert (sends, d.worker_id, d.overlap_blocks) == (2, "w1", 10)
+    assert counter.sent_bytes - before > 7000  # the table again
+    assert await counter.client.keys(keys.router_table("m", "*")) == stored
+    sums = np.frombuffer(await counter.client.get(keys.router_inflight("m")), dtype=">u4").reshape(-1, 2)
+    assert sums.sum(axis=0).tolist() == [10, 0]  # b only: a's release applied once, b recorded once
+    refreshed = [dataclasses.replace(w, load=dataclasses.replace(w.load)) for w in workers]
+    assert (await p.choose(req("c"), refreshed)).worker_id != "w1"  # w1 is busy with b
+    now = await counter.client.keys(keys.router_table("m", "*"))
+    assert len(now) == 1 and now != stored
+    await p.aclose()
+
+
+async def test_a_stored_table_decides_as_the_columns_sent_with_it(aredis: aioredis.Redis, keys: Keys,
+                                                                 index: PrefixIndex) -> None:
+    """A decision over a table Redis already holds (the usual case) answers as the numpy reference."""
+    rng = random.Random(9)
+    workers = [_timed(make_worker(f"w{i}", i, active_blocks=rng.randrange(0, 40), block_size=rng.choice([4, 8])), rng)
+               for i in range(12)]
+    for w in workers:
+        held = chain(PROMPT, w.record.block_size)
+        await index.resync(w.record.worker_id, w.record.slot, "m", held[: rng.randrange(len(held) + 1)], 0)
+    for cost in ("blocks", "time"):
+        draws = random.Random()
+        warm = KvPolicy(aredis, keys, RouterSettings(cost=cost), rng=draws)
+        await warm.choose(req(f"warm-{cost}"), workers)
+        warm.release(f"warm-{cost}")
+        await warm.flush()
+        for k in range(5):
+            request = req(f"{cost}{k}", temperature=[0.0, 2.0][k % 2])
+            expected = await KvPolicy(aredis, keys, RouterSettings(cost=cost), rng=random.Random(k)).best(request,
+                                                                                                         workers)
+            draws.seed(k)
+            assert await warm.choose(request, workers) == expected
+            warm.release(f"{cost}{k}")
+            await warm.flush()
+        await warm.aclose()
 
 
 async def test_choose_enqueues_the_task_on_the_chosen_queue_once(counter: RoundTripCounter, keys: Keys,

@@ -24,7 +24,8 @@ def test_a_models_index_and_inflight_keys_share_one_slot() -> None:
     inflight.keys = KEYS
     worker_keys = index._worker_keys("w1", "llama")  # what APPLY, RESYNC and PURGE take
     names = [*worker_keys, KEYS.kv_events_of("llama"), KEYS.kv_block("llama", 0xABC), KEYS.kv_block("llama", 7),
-             *inflight._keys("llama"), KEYS.kv_worker_approx("w2", "llama"), KEYS.kv_worker_meta("w2", "llama")]
+             *inflight._keys("llama"), KEYS.kv_worker_approx("w2", "llama"), KEYS.kv_worker_meta("w2", "llama"),
+             KEYS.router_table("llama", "0a1b2c3d4e5f-7")]
     assert len(_slots(*names)) == 1
     assert all(name.startswith("sluice:ns:{llama}:") for name in names)
 
