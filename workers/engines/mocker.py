@@ -501,9 +501,9 @@ class MockerEngine(Engine):
         batch: list[tuple[_Request, int]] = []
         self._preempted = 0
         # The decode part reads the KV usage as the step begins, before its own chunks take blocks:
-        # what the running requests hold. Dynamo's mocker does the same: with it, the two step alike
-        # to a few milliseconds in ``python -m bench.dynamo_compare --parity``.
-        usage_before = self._kv.active_blocks / self._kv.num_blocks
+        # what the running requests hold. Dynamo's mocker steps as if it did the same: only so do the
+        # two step alike, to a few milliseconds, in ``python -m bench.dynamo_compare --parity``.
+        kv_usage = self._kv.active_blocks / self._kv.num_blocks
         budget, preempted = self._schedule_running(batch, self.settings.max_num_batched_tokens)
         if not preempted:
             self._admit(batch, budget)
@@ -513,7 +513,6 @@ class MockerEngine(Engine):
                 decoding += 1
             else:
                 prefill_tokens += chunk
-        kv_usage = usage_before
         deliveries = [d for req, chunk in batch if (d := self._compute(req, chunk)) is not None]
         duration_s = step_ms(prefill_tokens, decoding, kv_usage, self.settings.speedup) / 1000.0
         return StepStats(duration_s, prefill_tokens, decoding, self._preempted, kv_usage), deliveries
