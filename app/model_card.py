@@ -81,14 +81,14 @@ class ModelCard:
         threads = 1 if self.chunked is not None else os.cpu_count() or 1
         self._tokenizing = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
 
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` (rendering, tokenizing) off the event loop. With a chunked tokenizer, one
+    async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` (rendering, tokenizing) off the event loop. With a chunked tokenizer, one
         at a time in arrival order: tokenizing releases the GIL and spreads a long text's chunks over
         every core (app.chunked_tokens), so a prompt tokenized alone is done soonest; several at once
         would share the cores and each be late, the first one included, which holds up its engine
         step and every step after it. A tokenizer that cannot be chunked uses one core per text, so
         there one thread per core."""
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, functools.partial(fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, functools.partial(fn, *args, **kwargs))
 
     @classmethod
     def load(cls, name: str, path: Path, created: int = 0, context_length: int | None = None) -> ModelCard:

@@ -3,7 +3,6 @@ template: the ids a generation request would be given) and ``GET /version``."""
 
 from __future__ import annotations
 
-import functools
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter
@@ -51,7 +50,7 @@ async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, rt: Ru
         ids = await chat_prompt_ids(card, body, tool_parser_name(card, rt.settings.frontend))
     else:
         check_chars(card, len(body.prompt), "prompt")
-        ids = await card.off_loop(functools.partial(card.encode, body.prompt, add_special_tokens=body.add_special_tokens))
+        ids = await card.off_loop(card.encode, body.prompt, add_special_tokens=body.add_special_tokens)
         check_tokens(card, len(ids), "prompt")
     strs = [card.tokenizer.id_to_token(i) or "" for i in ids] if body.return_token_strs else None
     return _json(TokenizeResponse(count=len(ids), max_model_len=card.context_length, tokens=ids, token_strs=strs))
