@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from app.model_card import ModelCard
@@ -24,10 +25,16 @@ from router.registry import LiveWorker, Registry
 log = logging.getLogger(__name__)
 
 
+#: Called with each new snapshot (workers that take requests, by model) once it is in place.
+RefreshHook = Callable[[dict[str, list[LiveWorker]]], Awaitable[None]]
+
+
 class WorkerDirectory:
-    def __init__(self, registry: Registry, hub: StreamHub, refresh_s: float, default_model: str) -> None:
+    def __init__(self, registry: Registry, hub: StreamHub, refresh_s: float, default_model: str,
+                 on_refresh: RefreshHook | None = None) -> None:
         self._registry = registry
         self._hub = hub
+        self._on_refresh = on_refresh
         #: Workers that take requests (live, not draining), by model: what routing picks from.
         self.by_model: dict[str, list[LiveWorker]] = {}
         #: Every worker with a live lease, draining ones included (their streams go on).
@@ -64,6 +71,8 @@ class WorkerDirectory:
         self.refreshed_at = time.monotonic()
         for stream in self._hub.streams_of_workers(self._hub.active_workers() - alive):
             stream.fail("worker_lost", f"worker {stream.worker_id} stopped responding (its lease expired)")
+        if self._on_refresh is not None:
+            await self._on_refresh(by_model)
 
     def _load_card(self, worker: LiveWorker) -> None:
         loop = asyncio.get_running_loop()

@@ -54,7 +54,7 @@ from core.messages import (
     request_to_builtins,
 )
 from core.wire import GENERATE_TASK, PREFILL_TASK, task_message_parts
-from router.disagg import DisaggThresholds, PrefillPlace, PrefillPlan, plan_prefill
+from router.disagg import DisaggThresholds, PrefillPlace, PrefillPlan, plan_prefill, split_pools
 from router.policies import RouteDecision, RouteRequest, RouterOverrides
 from router.registry import LiveWorker
 
@@ -162,8 +162,7 @@ class Generation:
         rt, spec = self.rt, self.spec
         workers = rt.directory.workers_for(spec.model, spec.lora)
         mode = self._mode = spec.overrides.mode or rt.settings.router.mode
-        prefill_workers = [w for w in workers if w.record.pool == "prefill"]
-        workers = [w for w in workers if w.record.pool != "prefill"]
+        workers, prefill_workers = split_pools(workers)
         if not workers:
             raise NoWorkerAvailable(f"no decode or aggregated worker is serving {spec.model!r} right now; retry shortly")
         if spec.overrides.worker_id:

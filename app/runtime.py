@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Coroutine
@@ -29,11 +30,14 @@ from core.messages import ControlCommand, encode_control
 from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings
 from router.cluster import ClusterReader
+from router.disagg import split_pools
 from router.frontends import FrontendRecord, FrontendRegistry
 from router.kv_policy import KvPolicy
 from router.policies import LeastLoadedPolicy, Policy, PoolPolicy, RandomPolicy, RoundRobinPolicy
 from router.reaper import run_reaper
-from router.registry import Registry
+from router.registry import LiveWorker, Registry
+
+log = logging.getLogger(__name__)
 
 #: How long a control command waits for Redis to come back, and when it is sent again after that.
 CONTROL_RETRY_S = 60.0
@@ -60,9 +64,10 @@ class FrontendRuntime:
         self.registry = Registry(self.index_redis, self.keys)
         self.hub = StreamHub(self.redis, self.keys.token_channel(self.frontend_id))
         await self.hub.start()
-        self.directory = WorkerDirectory(self.registry, self.hub, s.router.registry_refresh_s, s.model)
-        await self.directory.start()
         self.kv_policy = KvPolicy(self.index_redis, self.keys, s.router, enqueues=not self.planes.split)
+        self.directory = WorkerDirectory(self.registry, self.hub, s.router.registry_refresh_s, s.model,
+                                         on_refresh=self._prepare_routing)
+        await self.directory.start()
         self.policies: dict[str, Policy] = self._make_policies()
         self.frontends = FrontendRegistry(self.redis, self.keys)
         self.cluster = ClusterReader(self.redis, self.keys, registry=self.registry, index=self.kv_policy.index)
@@ -88,6 +93,18 @@ class FrontendRuntime:
                                 router_mode=self.settings.router.mode, started_at=self._started_at,
                                 in_flight=self.hub.in_flight(), updated_at=time.time())
         await self.frontends.renew(record, self.settings.frontend.lease_ttl_s)
+
+    async def _prepare_routing(self, by_model: dict[str, list[LiveWorker]]) -> None:
+        """After each directory refresh, with ``kv`` routing: store the new candidate tables (each model's
+        serving workers and its prefill pool, as requests split them) before a request needs them."""
+        if self.settings.router.mode != "kv":
+            return
+        try:
+            for model, workers in by_model.items():
+                for pool in split_pools(workers):
+                    await self.kv_policy.prepare(model, pool)
+        except redis.exceptions.RedisError as exc:  # the first decision over a table stores it then
+            log.debug("storing the candidate tables failed: %s", exc)
 
     def _end_open_requests(self) -> None:
         """The drain deadline: every request still open ends with an error (and its worker stops it)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import platform
 import random
@@ -60,19 +61,26 @@ DYNAMO_P99_MS_AT_7000 = (6.0, 12.0)
 
 @dataclass
 class Snapshot:
-    """The frontend's worker directory in miniature (app.directory.WorkerDirectory.refresh): the live,
-    not draining workers of the model, refreshed every ``refresh_s``; each refresh timed."""
+    """The frontend's worker directory in miniature (app.directory.WorkerDirectory.refresh and the
+    runtime's hook after it): the live, not draining workers of the model, refreshed every
+    ``refresh_s``, and their candidate table built and stored in Redis (``KvPolicy.prepare``); both
+    parts timed."""
 
     registry: Registry
+    policy: KvPolicy
     refresh_s: float
     workers: list[LiveWorker] = field(default_factory=list)
     refresh_ms: list[float] = field(default_factory=list)
+    prepare_ms: list[float] = field(default_factory=list)
 
     async def refresh(self) -> None:
         t0 = time.perf_counter()
         live = await self.registry.live_workers(MODEL)
         self.workers = [w for w in live if not w.load.draining]
-        self.refresh_ms.append((time.perf_counter() - t0) * 1000)
+        t1 = time.perf_counter()
+        await self.policy.prepare(MODEL, self.workers)
+        self.refresh_ms.append((t1 - t0) * 1000)
+        self.prepare_ms.append((time.perf_counter() - t1) * 1000)
 
     async def run(self) -> None:
         while True:
@@ -96,6 +104,31 @@ def decision_prompts(workload: FleetWorkload, workers: int, n: int, rng: random.
     return out
 
 
+class GcPauses:
+    """The garbage collector's passes while it is installed: how long each took, by generation."""
+
+    def __init__(self) -> None:
+        self.ms: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.ms[info["generation"]].append((time.perf_counter() - self._t0) * 1000)
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+    def figures(self) -> dict:
+        return {"gc_full_passes": len(self.ms[2]), "gc_full_max_ms": max(self.ms[2], default=0.0),
+                "gc_young_max_ms": max(self.ms[0] + self.ms[1], default=0.0)}
+
+
 async def decisions(policy: KvPolicy, snapshot: Snapshot, workload: FleetWorkload, rounds: int, interval_s: float,
                     rng: random.Random) -> dict:
     prompts = decision_prompts(workload, len(snapshot.workers), 32, rng)
@@ -104,22 +137,24 @@ async def decisions(policy: KvPolicy, snapshot: Snapshot, workload: FleetWorkloa
     wall: list[float] = []
     overlaps: list[int] = []
     expected_hits = expected_total = group_hits = 0
+    pauses = GcPauses()
     try:
-        for r in range(rounds):
-            expected, group, tokens = prompts[r % len(prompts)]
-            workers = snapshot.workers
-            req = RouteRequest(f"scale-{r}-{time.perf_counter_ns()}", MODEL, tokens)
-            t0 = time.perf_counter()
-            d = await policy.choose(req, workers)
-            wall.append((time.perf_counter() - t0) * 1000)
-            overlaps.append(d.overlap_blocks)
-            group_hits += group_of(workload, index_of[d.worker_id or ""]) == group
-            if expected >= 0:
-                expected_total += 1
-                expected_hits += d.worker_id == worker_id(expected)
-            policy.release(req.request_id)
-            await policy.flush()
-            await asyncio.sleep(max(0.0, interval_s - (time.perf_counter() - t0)))
+        with pauses:
+            for r in range(rounds):
+                expected, group, tokens = prompts[r % len(prompts)]
+                workers = snapshot.workers
+                req = RouteRequest(f"scale-{r}-{time.perf_counter_ns()}", MODEL, tokens)
+                t0 = time.perf_counter()
+                d = await policy.choose(req, workers)
+                wall.append((time.perf_counter() - t0) * 1000)
+                overlaps.append(d.overlap_blocks)
+                group_hits += group_of(workload, index_of[d.worker_id or ""]) == group
+                if expected >= 0:
+                    expected_total += 1
+                    expected_hits += d.worker_id == worker_id(expected)
+                policy.release(req.request_id)
+                await policy.flush()
+                await asyncio.sleep(max(0.0, interval_s - (time.perf_counter() - t0)))
     finally:
         refresher.cancel()
     best: list[float] = []
@@ -128,17 +163,14 @@ async def decisions(policy: KvPolicy, snapshot: Snapshot, workload: FleetWorkloa
         t0 = time.perf_counter()
         await policy.best(RouteRequest(f"scale-best-{r}", MODEL, tokens), snapshot.workers)
         best.append((time.perf_counter() - t0) * 1000)
-    t0 = time.perf_counter()
-    await snapshot.refresh()
-    policy._table(MODEL, snapshot.workers)  # noqa: SLF001 - timing the table a new snapshot costs
-    repack_ms = (time.perf_counter() - t0) * 1000 - snapshot.refresh_ms[-1]
     return {"rounds": rounds, "candidates": len(snapshot.workers), "choose_p50_ms": pct(wall, 50),
             "choose_p99_ms": pct(wall, 99), "choose_max_ms": max(wall), "best_p50_ms": pct(best, 50),
             "best_p99_ms": pct(best, 99), "overlap_mean": sum(overlaps) / len(overlaps),
             "picked_the_history_worker": expected_hits / max(expected_total, 1),
             "picked_in_the_prefix_group": group_hits / rounds,
             "refreshes": len(snapshot.refresh_ms), "refresh_p50_ms": pct(snapshot.refresh_ms, 50),
-            "refresh_max_ms": max(snapshot.refresh_ms), "table_repack_ms": repack_ms}
+            "refresh_max_ms": max(snapshot.refresh_ms), **pauses.figures(), "prepare_p50_ms": pct(snapshot.prepare_ms, 50),
+            "prepare_max_ms": max(snapshot.prepare_ms)}
 
 
 async def index_figures(client: aioredis.Redis, keys: Keys, workers: int, baseline_bytes: int) -> dict:
@@ -199,7 +231,8 @@ async def one_count(console: Console, args: argparse.Namespace, fleets: Fleets, 
              "reregistrations": sum(x["reregistrations"] for x in leases),
              "max_heartbeat_ms": max(x["max_ms"] for x in leases)}
     console.print(f"  choose p50 {decided['choose_p50_ms']:.3f} ms, p99 {decided['choose_p99_ms']:.3f} ms over "
-                  f"{decided['candidates']} candidates; leases lost {lease['reregistrations']}")
+                  f"{decided['candidates']} candidates; leases lost {lease['reregistrations']}; full gc passes "
+                  f"{decided['gc_full_passes']} (longest {decided['gc_full_max_ms']:.0f} ms)")
     return {"workers": count, "live": live, "processes": len(fleets.processes), "registration_s": reg_s,
             "registrations_per_s": (count - (count - sum(p.launch.workers for p in new))) / reg_s,
             "ingest": ingest, "memory": memory, "decisions": decided, "leases": lease}
@@ -210,9 +243,9 @@ async def main(args: argparse.Namespace) -> dict:
     args.redis_url = server.url
     client = aioredis.from_url(server.url)
     keys = Keys(NAMESPACE)
-    settings = RouterSettings()
+    settings = RouterSettings(registry_refresh_s=args.refresh_s) if args.refresh_s else RouterSettings()
     policy = KvPolicy(client, keys, settings, rng=random.Random(1))
-    snapshot = Snapshot(Registry(client, keys), settings.registry_refresh_s)
+    snapshot = Snapshot(Registry(client, keys), policy, settings.registry_refresh_s)
     workload = FleetWorkload()
     fleets = Fleets()
     console = Console()
@@ -254,14 +287,14 @@ def print_tables(console: Console, results: dict) -> None:
     table = Table(title=f"Simulated workers against one Redis: decisions at {PROMPT_TOKENS:,} tokens over every live "
                         "worker (choose = the frontend's one script call; best = numpy reference), ingest, memory")
     for col in ("workers", "procs", "register/s", "choose p50", "choose p99", "best p50", "refresh p50/max",
-                "table", "ingest blocks/s", "batches/s", "redis cpu", "entries", "distinct", "B/entry",
+                "table p50/max", "ingest blocks/s", "batches/s", "redis cpu", "entries", "distinct", "B/entry",
                 "B/entry +stream", "leases lost", "hb max"):
         table.add_column(col, justify="right")
     for r in results["runs"]:
         d, i, m, lease = r["decisions"], r["ingest"], r["memory"], r["leases"]
         table.add_row(f"{r['workers']:,}", str(r["processes"]), f"{r['registrations_per_s']:,.0f}",
                       f"{d['choose_p50_ms']:.2f}", f"{d['choose_p99_ms']:.2f}", f"{d['best_p50_ms']:.2f}",
-                      f"{d['refresh_p50_ms']:.0f}/{d['refresh_max_ms']:.0f}", f"{d['table_repack_ms']:.1f}",
+                      f"{d['refresh_p50_ms']:.0f}/{d['refresh_max_ms']:.0f}", f"{d['prepare_p50_ms']:.1f}/{d['prepare_max_ms']:.1f}",
                       f"{i['blocks_per_s']:,.0f}", f"{i['batches_per_s']:,.0f}", f"{i['redis_cpu_fraction']:.0%}",
                       f"{m['entries']:,}", f"{m['distinct_blocks']:,}", f"{m['bytes_per_entry']:.0f}",
                       f"{m['bytes_per_entry_with_stream']:.0f}", str(lease["reregistrations"]),
@@ -279,6 +312,7 @@ def cli() -> None:
     parser.add_argument("--per-process", type=int, default=250, help="simulated workers per fleet process")
     parser.add_argument("--rounds", type=int, default=300, help="decisions measured per count")
     parser.add_argument("--interval-ms", type=float, default=10.0, help="time from one decision's start to the next's")
+    parser.add_argument("--refresh-s", type=float, default=None, help="registry snapshot refresh interval (default: the router setting)")
     parser.add_argument("--stop-p99-ms", type=float, default=20.0, help="stop growing past this decision p99")
     parser.add_argument("--fleet-args", nargs=argparse.REMAINDER, default=(),
                         help="the rest goes to every `python -m bench.fleet` (e.g. --requests 4)")

@@ -182,9 +182,9 @@ class Keys:
         return f"{self._model(model)}:inflight-exp"
 
     def router_table(self, model: str, table_id: str) -> str:
-        """Hash with TTL ``ROUTER_TABLE_TTL_MS``: one router's packed candidate table (router.inflight,
-        fields ``hot``, ``cold``, ``names``, ``lookup``, ``timing``), stored by the decision that first
-        uses it so that later decisions send its id instead of its columns."""
+        """String with TTL ``ROUTER_TABLE_TTL_MS``: one router's packed candidate table (router.inflight.
+        Candidates), stored when the frontend's directory refreshes or by the decision that first uses
+        it, so that decisions send its id instead of its columns."""
         return f"{self._model(model)}:table:{table_id}"
 
     # --- streaming and control ---------------------------------------------------------------

@@ -21,7 +21,18 @@ Pure and synchronous: the inputs come from the routing decision already made for
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from router.registry import LiveWorker
+
+
+def split_pools(workers: Sequence[LiveWorker]) -> tuple[list[LiveWorker], list[LiveWorker]]:
+    """A model's workers as a request is routed over them: those that answer it (decode and aggregated
+    workers), and the prefill pool."""
+    return [w for w in workers if w.record.pool != "prefill"], [w for w in workers if w.record.pool == "prefill"]
 
 
 class PrefillPlace(enum.StrEnum):

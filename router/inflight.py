@@ -58,9 +58,10 @@ class PackedRoster:
 @dataclass(frozen=True, slots=True)
 class Candidates:
     """The workers a decision may pick, packed once per candidate list (the frontend reuses it while its
-    registry snapshot stands). ``table_id`` names the packed table once a decision has stored it in
-    Redis (``Keys.router_table``); ``packed_table`` is what a decision that stores it sends, and
-    ``packed_shape`` its number of candidates and of slot lookup entries (sent with every decision).
+    registry snapshot stands). ``table_id`` names the packed table once it is stored in Redis
+    (``Keys.router_table``, by :meth:`InflightStore.store` or by the first decision over it); ``table`` is
+    what is stored, and ``packed_shape`` its number of candidates and of slot lookup entries (sent with
+    every decision).
     The table is one string of little-endian columns, each read only by the decisions that need it:
     slots (int32), active blocks (int32), slot lookup (uint16 per slot), scale (double), chain number
     (uint8), owner tag (uint32), the ``time`` cost's columns (11 floats), cold columns (6 doubles:
@@ -70,7 +71,7 @@ class Candidates:
     table_id: str
     n_keys: int
     packed_keys: bytes
-    packed_table: bytes
+    table: bytes
     packed_shape: bytes
     #: The id of the table this one replaces (the same pool's previous one): dropped when this one is stored.
     replaces: str | None = None
@@ -146,7 +147,7 @@ class InflightStore:
         table = b"".join((roster.slots, np.asarray(active, dtype="<i4").tobytes(), roster.lookup, roster.static,
                           np.asarray(timing).astype("<f4").tobytes(), roster.tail))
         return Candidates(table_id=table_id, n_keys=len(keys), packed_keys=pack_args(*keys), replaces=replaces,
-                          packed_table=pack_args(table),
+                          table=table,
                           packed_shape=pack_args(len(active), len(roster.lookup) // 2))
 
     async def decide(
@@ -198,6 +199,24 @@ class InflightStore:
         chosen, cost, overlap, approx = reply
         return Decision(int(chosen) - 1, float(cost), int(overlap), approx.decode())
 
+    async def store(self, model: str, candidates: Candidates) -> None:
+        """Store the candidate table now (and drop the one it replaces) unless a decision stored it lately,
+        so that the next decision over it sends only its id: the frontend's worker directory does this
+        after each registry refresh, off the request path. A failure leaves it to that decision."""
+        if not self._stores(candidates):
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.router_table(model, candidates.table_id), candidates.table, px=ROUTER_TABLE_TTL_MS)
+            if candidates.replaces is not None:
+                pipe.delete(self.keys.router_table(model, candidates.replaces))
+            await pipe.execute()
+        self._mark_stored(candidates)
+
+    def _mark_stored(self, candidates: Candidates) -> None:
+        self._stored[candidates.table_id] = time.monotonic()
+        if candidates.replaces is not None:
+            self._stored.pop(candidates.replaces, None)
+
     def _stores(self, candidates: Candidates) -> bool:
         """Whether the next decision over ``candidates`` sends its columns to store them: the first one,
         and then one every half of the stored table's lifetime (a decision sent after one that stores
@@ -208,11 +227,8 @@ class InflightStore:
     async def _decide_with(self, candidates: Candidates, head: bytes, tail: bytes, n_args: int,
                            store: bool) -> list[bytes | int]:
         if store:
-            self._stored[candidates.table_id] = time.monotonic()
-            if candidates.replaces is not None:
-                self._stored.pop(candidates.replaces, None)
-        middle = (pack_args(ROUTER_TABLE_TTL_MS) + candidates.packed_table if store else _REFERENCE) + \
-            candidates.packed_shape
+            self._mark_stored(candidates)
+        middle = (pack_args(ROUTER_TABLE_TTL_MS, candidates.table) if store else _REFERENCE) + candidates.packed_shape
         try:
             return await self._decide.call_packed(candidates.n_keys, candidates.packed_keys, n_args,
                                                   b"".join((head, middle, tail)))

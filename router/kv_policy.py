@@ -143,6 +143,13 @@ class KvPolicy:
             approx_ttl_s=self.settings.approx_ttl_s, task=request.task if self.enqueues else None, settle=settle,
             time_weights=self._time_weights(over))
 
+    async def prepare(self, model: str, workers: Sequence[LiveWorker]) -> None:
+        """Build the candidate table of ``workers`` and store it in Redis now, off the request path (the
+        frontend's worker directory calls this after each registry refresh), so that the first decision
+        over it sends its id, not its columns. If this fails, that decision stores the table itself."""
+        if workers:
+            await self.inflight.store(model, self._table(model, workers).candidates)
+
     async def best(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
         """The decision :meth:`choose` would make, recording nothing (the standalone router's query)."""
         s = await self._score(request, workers)

@@ -38,7 +38,7 @@ def columns(table: WorkerTable) -> tuple:
     """What a table's decisions read, apart from its id."""
     c = table.candidates
     return ([w.record.worker_id for w in table.workers], table.active.tolist(), table.timing.tolist(),
-            c.packed_table, c.packed_shape, c.n_keys, table.roster.ids, table.roster.slots.tolist(), table.roster.tags.tolist(),
+            c.table, c.packed_shape, c.n_keys, table.roster.ids, table.roster.slots.tolist(), table.roster.tags.tolist(),
             table.roster.position)
 
 
