@@ -132,7 +132,7 @@ class RouterSettings(BaseModel):
     #: over them), and of the recompute time of the cached blocks it evicts from a full cache.
     decode_slowdown_weight: float = Field(0.05, ge=0)
     eviction_weight: float = Field(1.0, ge=0)
-    overlap_score_weight: float = Field(8.0, ge=0)
+    overlap_score_weight: float = Field(16.0, ge=0)
     temperature: float = Field(0.0, ge=0)
     registry_refresh_s: float = Field(0.25, gt=0)
     #: Approximate mode (engines without KV events): how long a routed prompt's blocks count as cached.
@@ -207,6 +207,10 @@ class FrontendSettings(BaseModel):
     #: SIGTERM: open requests get this long to finish (new ones get 503), then end with an error
     #: event; the process exits when they are done.
     drain_timeout_s: float = Field(30.0, ge=0)
+    #: How long an idle HTTP keep-alive connection stays open. Longer than clients and proxies keep theirs
+    #: (aiohttp 15 s, load balancers typically 60 s): a server that closes first races the client's next
+    #: request on that connection, which then fails as a disconnect (a 502 behind a proxy).
+    keep_alive_s: int = Field(75, ge=1)
     #: SSE comment pings on open streams (a queued request's connection stays alive behind proxies); 0: none.
     sse_ping_s: float = Field(15.0, ge=0)
     #: The host name other processes (Prometheus, ``sluice status``) reach this frontend at, published

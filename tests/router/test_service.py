@@ -63,9 +63,9 @@ async def test_best_worker_by_token_ids_and_by_text(http: httpx.AsyncClient, are
 
     r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens})
     assert r.status_code == 200
-    assert r.json() == {"worker_id": "w1", "queue": "q.w1", "overlap_blocks": 4, "cost": 9.0}  # 8 × (5 − 4) + 1
+    assert r.json() == {"worker_id": "w1", "queue": "q.w1", "overlap_blocks": 4, "cost": 17.0}  # 16 × (5 − 4) + 1
     r = await http.post("/best_worker", json={"model": "m", "text": TEXT})
-    assert r.json() == {"worker_id": "w1", "queue": "q.w1", "overlap_blocks": 4, "cost": 9.0}
+    assert r.json() == {"worker_id": "w1", "queue": "q.w1", "overlap_blocks": 4, "cost": 17.0}
     r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens, "overlap_score_weight": 0})
     assert r.json()["worker_id"] == "w0"
     assert await aredis.exists(keys.router_inflight("m"), keys.router_inflight_requests("m")) == 0  # nothing routed
