@@ -99,6 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
                         to_log=settings.log_format == "json").start()
     uvicorn.run("app.main:create_app", factory=True, host=host, port=port, log_level=args.log_level,
                 log_config=None, access_log=False, loop="uvloop", http="httptools",
+                timeout_keep_alive=settings.frontend.keep_alive_s,
                 # A backstop behind the frontend's own drain (app/shutdown.py), which ends open
                 # requests cleanly at frontend.drain_timeout_s.
                 timeout_graceful_shutdown=int(settings.frontend.drain_timeout_s) + 5)

@@ -197,3 +197,16 @@ def test_a_small_request_is_served_while_a_maximal_prompt_is_tokenized(stack: St
     assert small.status_code == 200, small.text
     assert_openai_error(answer[0], 400, code="context_length_exceeded", param="messages")
     assert done["small"] < done["big"], "the small request waited for the big one"
+
+
+def test_an_idle_keep_alive_connection_outlives_a_client_pause(stack: Stack) -> None:
+    """A connection idle for longer than uvicorn's default keep-alive (5 s) is still open: clients and
+    proxies keep theirs longer (aiohttp 15 s), and a server that closes first races their next request
+    on it, which then fails as a disconnect (SLUICE_FRONTEND__KEEP_ALIVE_S, 75 s)."""
+    with httpx.Client(base_url=stack.base_url, timeout=60, limits=httpx.Limits(keepalive_expiry=60)) as http:
+        first = http.get("/health")
+        assert first.status_code == 200
+        port = local_port(first)
+        time.sleep(6)
+        again = http.get("/health")
+        assert again.status_code == 200 and local_port(again) == port
