@@ -26,13 +26,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, Field, model_validator
 
 from core.errors import InvalidRequest, NoWorkerAvailable
 from core.http_errors import install_error_handlers
-from core.keys import Keys
 from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings, get_settings
 from router.control import clear_kv_blocks
@@ -121,16 +119,15 @@ def tokenize(model_path: str, text: str) -> list[int]:
 
 
 class RouterService:
-    """What the endpoints use: the registry (cached for ``registry_refresh_s``) and the KV policy."""
+    """What the endpoints use: the registry (cached for ``registry_refresh_s``) and the KV policy on the
+    routing state's Redis, and the broker's Redis, where the workers listen for control commands."""
 
-    def __init__(self, settings: Settings, client: aioredis.Redis, keys: Keys | None = None) -> None:
-        """``client``: the Redis holding the routing state (core.redis_topology)."""
-        keys = keys or Keys(settings.redis.namespace)
+    def __init__(self, settings: Settings, planes: RedisPlanes) -> None:
         self.settings = settings
-        self.client = client
-        self.keys = keys
-        self.registry = Registry(client, keys)
-        self.policy = KvPolicy(client, keys, settings.router)
+        self.planes = planes
+        self.keys = planes.topology.keys
+        self.registry = Registry(planes.index, self.keys)
+        self.policy = KvPolicy(planes.index, self.keys, settings.router)
         self._cache: tuple[float, list[LiveWorker]] = (0.0, [])
 
     async def workers(self, model: str | None = None) -> list[LiveWorker]:
@@ -181,7 +178,7 @@ def create_app(settings: Settings | None = None, *, reaper: bool = True) -> Fast
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         topology = RedisTopology.from_settings(settings.redis)
         planes = RedisPlanes.open(topology, "background")
-        service = RouterService(settings, planes.index, topology.keys)
+        service = RouterService(settings, planes)
         app.state.service = service
         task = (asyncio.get_running_loop().create_task(
             run_reaper(service.registry, service.policy.index, settings.router.reaper_interval_s,
@@ -212,7 +209,8 @@ def create_app(settings: Settings | None = None, *, reaper: bool = True) -> Fast
     @app.post("/clear_kv_blocks", response_model=ClearKvResponse)
     async def clear_kv(body: ClearKvRequest, request: Request) -> ClearKvResponse:
         service: RouterService = request.app.state.service
-        return ClearKvResponse(workers_notified=await clear_kv_blocks(service.client, service.keys, body.worker_id))
+        return ClearKvResponse(workers_notified=await clear_kv_blocks(service.planes.broker, service.keys,
+                                                                     body.worker_id))
 
     return app
 

@@ -159,3 +159,30 @@ async def test_clear_kv_blocks_reaches_the_workers_control_channels(http: httpx.
         assert r.json() == {"workers_notified": 0}
     finally:
         await pubsub.aclose()
+
+
+async def test_clear_kv_blocks_goes_to_the_broker_when_the_routing_state_is_apart(
+        redis_server: RedisServer, redis_client, namespace: str) -> None:  # type: ignore[no-untyped-def]
+    """Workers listen for control commands on the broker's Redis (workers.host), wherever the routing
+    state lives: the command must be published there, not on the index Redis."""
+    from core.messages import decode_control
+
+    index_server = RedisServer().start()
+    broker = aioredis.Redis.from_url(redis_server.url)
+    pubsub = broker.pubsub(ignore_subscribe_messages=True)
+    try:
+        await pubsub.subscribe(Keys(namespace).control_channel("w1"))
+        settings = Settings(redis=RedisSettings(url=redis_server.url, index_url=index_server.url, namespace=namespace))
+        app = create_app(settings, reaper=False)
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
+                r = await http.post("/clear_kv_blocks", json={"worker_id": "w1"})
+        assert r.json() == {"workers_notified": 1}
+        message = None
+        for _ in range(5):  # the subscribe confirmation comes back as None first
+            message = message or await pubsub.get_message(timeout=2)
+        assert message is not None and decode_control(message["data"]).op == "clear_kv"
+    finally:
+        await pubsub.aclose()
+        await broker.aclose()
+        index_server.stop()
