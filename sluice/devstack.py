@@ -345,6 +345,10 @@ class Stack:
     def start_frontend(self, **env: str) -> Proc:
         return self._spawn("frontend", ["serve", "--port", str(self.port), "--log-level", "warning"], self.env(**env))
 
+    def start_router(self, port: int, **env: str) -> Proc:
+        """``sluice router`` (the standalone routing service) on ``port``, named ``router``."""
+        return self._spawn("router", ["router"], self.env(SLUICE_ROUTER__PORT=str(port), **env))
+
     def ready_workers(self) -> dict[str, int]:
         try:
             r = httpx.get(f"{self.base_url}/ready", timeout=2)

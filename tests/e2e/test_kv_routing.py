@@ -26,7 +26,7 @@ from core.keys import Keys
 from sluice.devstack import Stack, free_port, wait_until
 from tests.e2e.conftest import MODEL
 from tests.support.routing_state import chat as routing_chat
-from tests.support.routing_state import wait_workers_idle
+from tests.support.routing_state import wait_router, wait_workers_idle
 
 WORKERS = ("k1", "k2")
 BLOCK = 16  # the mocker's default block size
@@ -208,7 +208,7 @@ def test_streaming_names_the_worker(kv_client: openai.OpenAI) -> None:
 
 def test_standalone_router_service_against_live_workers(kv_stack: Stack, rdb: redis.Redis) -> None:
     port = free_port()
-    proc = kv_stack._spawn("router", ["router"], kv_stack.env(SLUICE_ROUTER__PORT=str(port)))
+    proc = kv_stack.start_router(port)
     url = f"http://127.0.0.1:{port}"
     tokens = [1000 + (i * 37) % 30000 for i in range(200)]
     try:
@@ -217,16 +217,7 @@ def test_standalone_router_service_against_live_workers(kv_stack: Stack, rdb: re
             assert r.status_code == 200
             served = r.headers["x-sluice-worker"]
         wait_until(lambda: index_blocks(rdb, kv_stack, served) >= len(tokens) // BLOCK, 30, "the prompt's blocks")
-
-        def up() -> bool:
-            if not proc.alive():
-                raise RuntimeError(f"sluice router exited:\n{proc.tail()}")
-            try:
-                return httpx.get(f"{url}/workers", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, 30, "the router service")
+        wait_router(proc, url)
         listing = httpx.get(f"{url}/workers", params={"model": MODEL}, timeout=10).json()
         by_id = {w["worker_id"]: w for w in listing["data"]}
         assert set(by_id) == set(WORKERS)

@@ -21,20 +21,16 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import openai
 import pytest
-import redis
-from redis.cluster import RedisCluster
 
-from core.keys import Keys, broker_binding_member
-from sluice.devstack import REPO, RedisServer, Stack, wait_until
+from sluice.devstack import REPO, RedisServer, wait_until
 from tests.e2e.conftest import MODEL
-from tests.support.redis_topologies import RedisClusterNodes
 from tests.support.routing_state import chat as routing_chat
 from tests.support.routing_state import wait_workers_idle
+from tests.support.split_state import LAYOUTS, SplitDeployment, assert_routing_state_apart, bound, split_deployment
 
 WORKERS = ("s1", "s2")
 SURVIVOR, VICTIM = WORKERS
@@ -45,57 +41,18 @@ SYSTEM = ("You are the archivist of a river authority. Quote the register entry 
           "give its keeper's name when the register has one, and never guess a date that is not written. ") * 5
 
 
-@dataclass
-class SplitDeployment:
-    """A running stack and clients of its two Redis planes."""
-
-    stack: Stack
-    broker: redis.Redis
-    index: redis.Redis | RedisCluster
-    keys: Keys
-    layout: str
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.stack.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
-
-    def scan(self, plane: redis.Redis | RedisCluster) -> set[str]:
-        """Every key of the namespace on ``plane`` (on a cluster: on every node)."""
-        return {k.decode() for k in plane.scan_iter(match=f"{self.keys.prefix}:*", count=1000)}
-
-
-@pytest.fixture(scope="module", params=["apart", "cluster"])
+@pytest.fixture(scope="module", params=LAYOUTS)
 def deployment(request: pytest.FixtureRequest, redis_server: RedisServer,
                tokenizer_dir) -> Iterator[SplitDeployment]:  # noqa: ANN001
-    layout = request.param
-    index_server: RedisServer | RedisClusterNodes
-    if layout == "apart":
-        index_server = RedisServer().start()
-        env = {"SLUICE_INDEX_REDIS_URL": index_server.url}
-        index: redis.Redis | RedisCluster = redis.Redis.from_url(index_server.url)
-    else:
-        index_server = RedisClusterNodes().start()
-        env = {"SLUICE_INDEX_REDIS_URL": index_server.url, "SLUICE_REDIS__INDEX_CLUSTER": "1"}
-        index = RedisCluster.from_url(index_server.url)
-    stack = Stack(redis_url=redis_server.url, namespace=f"split{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
-                  env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_ROUTER_MODE": "kv",
-                             "SLUICE_WORKER__HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
-                             "SLUICE_ROUTER__REGISTRY_REFRESH_S": str(REFRESH_S), **env})
-    broker = redis.Redis.from_url(redis_server.url)
-    try:
-        for name in WORKERS:
-            stack.start_worker(name)
-        stack.start_frontend()
-        stack.wait_ready(MODEL, workers=len(WORKERS))
-        yield SplitDeployment(stack, broker, index, Keys(stack.namespace, hash_tags=layout == "cluster"), layout)
-    finally:
-        stack.stop()
-        broker.close()
-        index.close()
-        index_server.stop()
+    env = {"SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_ROUTER_MODE": "kv",
+           "SLUICE_WORKER__HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S), "SLUICE_ROUTER__REGISTRY_REFRESH_S": str(REFRESH_S)}
+    with split_deployment(request.param, redis_server.url, tokenizer_dir, MODEL, {w: {} for w in WORKERS},
+                          env) as d:
+        yield d
 
 
 def index_blocks(d: SplitDeployment, worker: str) -> int:
-    return int(d.index.scard(d.keys.kv_worker(worker, MODEL)))
+    return d.index_blocks(worker, MODEL)
 
 
 def wait_idle(d: SplitDeployment, workers: tuple[str, ...] = WORKERS) -> None:
@@ -160,33 +117,10 @@ def test_a_repeated_long_prompt_goes_to_the_worker_that_holds_it(deployment: Spl
 
 
 def test_routing_keys_are_on_the_index_redis_and_queues_on_the_broker(deployment: SplitDeployment) -> None:
-    d, k = deployment, deployment.keys
+    d = deployment
     chat(d.client(), [{"role": "user", "content": "Name the oldest lock. " * 20}])  # some index blocks, at least
     wait_until(lambda: any(index_blocks(d, w) for w in WORKERS), 30, "KV events in the index")
-    on_index, on_broker = d.scan(d.index), d.scan(d.broker)
-
-    routing = {k.workers, k.slots, k.worker_queues, k.kv_slot_owners_of(MODEL), k.kv_slot_tags_of(MODEL)}
-    routing |= {name for w in WORKERS for name in (k.worker(w), k.load(w))}
-    routing |= {k.kv_worker(w, MODEL) for w in WORKERS if index_blocks(d, w)}
-    assert routing <= on_index, routing - on_index
-    assert any(name.startswith(k.kv_block_prefix(MODEL)) for name in on_index)
-    untagged = Keys(k.namespace)  # the names of a deployment on one Redis: none of those on the broker either
-    assert not (routing | {untagged.workers, untagged.slots, untagged.worker_queues}) & on_broker
-    assert not any(":kv:" in name or ":kvw:" in name or ":kvm:" in name or "inflight" in name for name in on_broker)
-
-    # The broker holds the Celery queues (kombu's bindings, under the broker prefix) and the frontends'
-    # leases; the index holds none of them.
-    broker_kinds = (k.broker_prefix, k.frontend_lease(""), k.frontends, k.token_channel(""))
-    assert all(name.startswith(broker_kinds) for name in on_broker), sorted(on_broker)
-    assert not any(name.startswith(broker_kinds) for name in on_index), sorted(on_index)
-    exchange = k.pool_queue(MODEL, "agg")
-    for worker in WORKERS:
-        assert bound(d.broker, k, exchange, k.worker_queue(worker))
-    assert k.frontends in on_broker
-
-
-def bound(client: redis.Redis, keys: Keys, exchange: str, queue: str) -> bool:
-    return any(client.sismember(name, broker_binding_member(queue)) for name in keys.broker_binding_sets(exchange))
+    assert_routing_state_apart(d, MODEL, {w: "agg" for w in WORKERS})
 
 
 def test_status_and_prometheus_targets_see_the_workers_on_the_index_redis(deployment: SplitDeployment) -> None:

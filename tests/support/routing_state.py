@@ -1,16 +1,17 @@
 """Helpers for end-to-end tests of KV routing: waiting until the workers are idle in the routing
-state, and one chat completion's worker and cached tokens."""
+state, one chat completion's worker and cached tokens, and waiting for ``sluice router`` to answer."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
 
+import httpx
 import openai
 import redis
 
 from core.keys import Keys
-from sluice.devstack import wait_until
+from sluice.devstack import Proc, wait_until
 
 
 def wait_workers_idle(index: redis.Redis, keys: Keys, model: str, workers: Iterable[str], refresh_s: float) -> None:
@@ -39,3 +40,16 @@ def chat(client: openai.OpenAI, model: str, messages: list[dict], **kw: object) 
     r = raw.parse()
     return (raw.headers["x-sluice-worker"], r.choices[0].message.content, r.usage.prompt_tokens,
             r.usage.prompt_tokens_details.cached_tokens)
+
+
+def wait_router(proc: Proc, url: str, timeout: float = 30) -> None:
+    """Until the ``sluice router`` process ``proc`` answers ``GET {url}/workers``; fails at once if it exited."""
+    def up() -> bool:
+        if not proc.alive():
+            raise RuntimeError(f"sluice router exited:\n{proc.tail()}")
+        try:
+            return httpx.get(f"{url}/workers", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout, "the router service")
