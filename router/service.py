@@ -3,7 +3,7 @@
 Listens on ``SLUICE_ROUTER__HOST`` / ``SLUICE_ROUTER__PORT`` (default 127.0.0.1:8001) and answers
 with the KV-aware policy's choice without routing anything (nothing is recorded as in flight)::
 
-    POST /best_worker  {"model": "smollm2", "token_ids": [1, 2, 3]}      (or "text": "..." instead)
+    POST /best_worker  {"model": "smollm2", "token_ids": [1, 2, 3]}      (or "text": "..."; "pool": "prefill" for the prefill pool)
         -> {"worker_id": "...", "queue": "...", "overlap_blocks": 0, "cost": 3.0}
     GET  /workers[?model=...]
         -> {"object": "list", "data": [{"worker_id": ..., "load": {...}, "index_blocks": ..., "metrics_url": ...}, ...]}
@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, Field, model_validator
@@ -34,6 +34,7 @@ from core.http_errors import install_error_handlers
 from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings, get_settings
 from router.control import clear_kv_blocks
+from router.disagg import split_pools
 from router.kv_policy import KvPolicy
 from router.policies import RouteRequest, RouterOverrides
 from router.reaper import run_reaper
@@ -50,6 +51,9 @@ class BestWorkerRequest(BaseModel):
     lora: str | None = None
     overlap_score_weight: float | None = Field(None, ge=0)
     temperature: float | None = Field(None, ge=0)
+    #: Which of the model's workers to pick from: ``serving``, those that answer requests (decode and
+    #: aggregated workers, as the frontend routes), or ``prefill``, the prefill pool.
+    pool: Literal["serving", "prefill"] = "serving"
 
     @model_validator(mode="after")
     def _one_prompt(self) -> BestWorkerRequest:
@@ -139,9 +143,11 @@ class RouterService:
         return [w for w in cached if w.lease_expires_at >= now and (model is None or w.record.model == model)]
 
     async def best_worker(self, body: BestWorkerRequest) -> BestWorkerResponse:
-        workers = await self.workers(body.model)
+        serving, prefill = split_pools(await self.workers(body.model))
+        workers = prefill if body.pool == "prefill" else serving
         if not workers:
-            raise NoWorkerAvailable(f"no live worker serves model {body.model!r}", param="model")
+            which = "prefill worker" if body.pool == "prefill" else "decode or aggregated worker"
+            raise NoWorkerAvailable(f"no live {which} serves model {body.model!r}", param="model")
         token_ids = body.token_ids if body.token_ids is not None else tokenize(workers[0].record.model_path,
                                                                                body.text or "")
         request = RouteRequest(

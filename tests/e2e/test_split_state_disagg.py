@@ -157,21 +157,25 @@ def test_the_router_service_reads_the_index_redis_and_reaches_the_workers_throug
     assert short_tokens < MIN_TOKENS and short_tokens // BLOCK >= 8
     wait_idle(d)
 
-    def best(prompt: str) -> dict:
-        r = httpx.post(f"{router}/best_worker", json={"model": MODEL, "text": prompt}, timeout=10)
+    def best(prompt: str, **extra: str) -> dict:
+        r = httpx.post(f"{router}/best_worker", json={"model": MODEL, "text": prompt, **extra}, timeout=10)
         assert r.status_code == 200, r.text
         return r.json()
 
-    # The short prompt only the decode worker computed; the long one both hold (the router service
-    # chooses among every live worker of the model, the prefill pool included).
+    # The short prompt only the decode worker computed; the long one both hold. The router service picks
+    # among the workers that answer requests (decode and aggregated), as the frontend does, or among
+    # the prefill pool when asked.
     short_prompt = SHORT.replace("dawn", f"dawn, {d.layout}")
     wait_until(lambda: best(short_prompt)["overlap_blocks"] == short_tokens // BLOCK, 30,
                "the router to see the short prompt's blocks")
     answer = best(short_prompt)
     assert answer["worker_id"] == DECODE and answer["queue"] == d.keys.worker_queue(DECODE)
-    answer = best(LONG.replace("quick", f"quick {d.layout}"))
-    assert answer["overlap_blocks"] == long_tokens // BLOCK and answer["worker_id"] in POOLS
-    assert answer["queue"] == d.keys.worker_queue(answer["worker_id"])
+    long_prompt = LONG.replace("quick", f"quick {d.layout}")
+    answer = best(long_prompt)
+    assert (answer["worker_id"], answer["overlap_blocks"]) == (DECODE, long_tokens // BLOCK)
+    answer = best(long_prompt, pool="prefill")
+    assert (answer["worker_id"], answer["overlap_blocks"]) == (PREFILL, long_tokens // BLOCK)
+    assert answer["queue"] == d.keys.worker_queue(PREFILL)
 
     listing = httpx.get(f"{router}/workers", params={"model": MODEL}, timeout=10).json()["data"]
     assert [(w["worker_id"], w["pool"], w["kv_events"]) for w in listing] == \

@@ -14,9 +14,9 @@ from router.registry import LiveWorker, WorkerLoad, WorkerRecord
 
 
 def make_record(worker_id: str, slot: int, *, model: str = "m", block_size: int = 4, kv_blocks: int = 1000,
-                model_path: str = "/nonexistent", max_batched_tokens: int = 0) -> WorkerRecord:
+                model_path: str = "/nonexistent", max_batched_tokens: int = 0, pool: str = "agg") -> WorkerRecord:
     return WorkerRecord(
-        worker_id=worker_id, model=model, model_path=model_path, pool="agg", queue=f"q.{worker_id}",
+        worker_id=worker_id, model=model, model_path=model_path, pool=pool, queue=f"q.{worker_id}",
         pool_queue=f"q.{model}.agg", engine="mocker", block_size=block_size, kv_blocks=kv_blocks,
         max_num_seqs=64, context_length=32768, started_at=0.0, slot=slot, max_batched_tokens=max_batched_tokens)
 

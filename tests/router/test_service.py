@@ -46,9 +46,10 @@ async def http(redis_server: RedisServer, redis_client, namespace: str) -> Async
             yield client
 
 
-async def _register(aredis: aioredis.Redis, keys: Keys, worker_id: str, model_dir: Path, active: int = 0) -> int:
+async def _register(aredis: aioredis.Redis, keys: Keys, worker_id: str, model_dir: Path, active: int = 0,
+                    pool: str = "agg") -> int:
     record = await Registry(aredis, keys).register(
-        make_record(worker_id, -1, model_path=str(model_dir)),
+        make_record(worker_id, -1, model_path=str(model_dir), pool=pool),
         WorkerLoad(active_blocks=active, total_blocks=1000, updated_at=time.time()), 60)
     return record.slot
 
@@ -69,6 +70,25 @@ async def test_best_worker_by_token_ids_and_by_text(http: httpx.AsyncClient, are
     r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens, "overlap_score_weight": 0})
     assert r.json()["worker_id"] == "w0"
     assert await aredis.exists(keys.router_inflight("m"), keys.router_inflight_requests("m")) == 0  # nothing routed
+
+
+async def test_best_worker_picks_among_the_serving_workers_or_the_prefill_pool(
+        http: httpx.AsyncClient, aredis: aioredis.Redis, keys: Keys, model_dir: Path) -> None:
+    """As the frontend routes: a request goes to a decode or aggregated worker, never to a prefill worker,
+    however much of the prompt the prefill worker holds; ``"pool": "prefill"`` asks for the prefill pool."""
+    slot = await _register(aredis, keys, "p0", model_dir, pool="prefill")
+    await _register(aredis, keys, "d0", model_dir, active=5, pool="decode")
+    tokens = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TEXT).ids
+    await PrefixIndex(aredis, keys).resync("p0", slot, "m", block_hashes(tokens, 4, root_hash("m")), 0)
+    r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens})
+    assert (r.json()["worker_id"], r.json()["overlap_blocks"]) == ("d0", 0)
+    r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens, "pool": "prefill"})
+    assert (r.json()["worker_id"], r.json()["overlap_blocks"]) == ("p0", 4)
+    await Registry(aredis, keys).deregister("p0")
+    r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens, "pool": "prefill"})
+    assert r.status_code == 503 and "no live prefill worker" in r.json()["error"]["message"]
+    r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens, "pool": "decode"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "pool"
 
 
 async def test_workers_lists_load_and_index_size(http: httpx.AsyncClient, aredis: aioredis.Redis, keys: Keys,
