@@ -175,7 +175,8 @@ async def test_the_candidate_table_is_sent_once_then_named(counter: RoundTripCou
     assert await counter.client.keys(keys.router_table("m", "*")) == stored
     sums = np.frombuffer(await counter.client.get(keys.router_inflight("m")), dtype=">u4").reshape(-1, 2)
     assert sums.sum(axis=0).tolist() == [10, 0]  # b only: a's release applied once, b recorded once
-    refreshed = [dataclasses.replace(w, load=dataclasses.replace(w.load)) for w in workers]
+    refreshed = [dataclasses.replace(w, load=dataclasses.replace(w.load, active_blocks=i % 3))  # new loads
+                 for i, w in enumerate(workers)]
     assert (await p.choose(req("c"), refreshed)).worker_id != "w1"  # w1 is busy with b
     now = await counter.client.keys(keys.router_table("m", "*"))
     assert len(now) == 1 and now != stored
@@ -200,7 +201,8 @@ async def test_a_prepared_table_is_stored_before_the_first_decision(counter: Rou
     assert (sends, d.worker_id, d.overlap_blocks) == (1, "w1", 10)
     assert counter.sent_bytes - before < 1500  # the id, not 64 workers' columns
     p.release("a")
-    refreshed = [dataclasses.replace(w, load=dataclasses.replace(w.load)) for w in workers]
+    refreshed = [dataclasses.replace(w, load=dataclasses.replace(w.load, active_blocks=i % 3))  # new loads
+                 for i, w in enumerate(workers)]
     await p.prepare("m", refreshed)
     now = await counter.client.keys(keys.router_table("m", "*"))
     assert len(now) == 1 and now != stored  # the new snapshot's table replaced the old one

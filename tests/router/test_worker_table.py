@@ -48,6 +48,22 @@ def test_the_same_list_gives_the_same_table() -> None:
     assert tables.table("m", workers) is tables.table("m", list(workers))
 
 
+def test_a_refresh_that_changes_no_column_keeps_the_table() -> None:
+    """An idle fleet's refresh (new objects, the same loads) keeps the stored table, over the new objects:
+    nothing to store again."""
+    tables = builder()
+    workers = [make_worker(f"w{i}", i, active_blocks=i) for i in range(5)]
+    first = tables.table("m", workers)
+    again = [dataclasses.replace(w, load=dataclasses.replace(w.load)) for w in reversed(workers)]
+    table = tables.table("m", again)
+    assert table.candidates is first.candidates and table.given == tuple(again)
+    assert [w.record.worker_id for w in table.workers] == [f"w{i}" for i in range(5)]
+    assert all(a is b for a, b in zip(table.workers, reversed(again), strict=True))
+    busier = [dataclasses.replace(w, load=dataclasses.replace(w.load, active_blocks=9)) if w.record.worker_id == "w2"
+              else w for w in again]
+    assert tables.table("m", busier).candidates.table_id != first.candidates.table_id
+
+
 def test_a_refresh_keeps_the_registrations_part_and_equals_a_fresh_build() -> None:
     rng = random.Random(3)
     tables = builder()
