@@ -27,14 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
 from bench.loadgen import run_load
 from bench.stats import cpu_seconds, pct
 from core.settings import Settings
-from sluice.devstack import Processes, RedisServer, Stack, free_port, wait_until
+from sluice.devstack import Processes, RedisServer, Stack, free_port
 from workers.models.prepare import prepare_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -122,16 +121,9 @@ def start_vllm_server(model_dir: Path, cfg: EngineConfig) -> Server:
            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args()]
     server = processes.spawn("vllm", cmd, {**os.environ, **cfg.vllm_env()})
 
-    def up() -> bool:
-        if not server.alive():
-            raise RuntimeError(f"vLLM's server exited ({server.popen.returncode}):\n{server.tail()}")
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_until(up, START_TIMEOUT_S, "vLLM's OpenAI server", interval=0.5)
+        server.wait_serving(f"http://127.0.0.1:{port}/v1/models", "vLLM's OpenAI server", START_TIMEOUT_S,
+                            interval=0.5)
     except BaseException:
         processes.stop()
         raise

@@ -244,6 +244,18 @@ class Proc:
         except OSError:
             return ""
 
+    def wait_serving(self, url: str, what: str, timeout: float, interval: float = 0.05) -> None:
+        """Until ``GET url`` answers 200; fails at once, with the end of the log, if the process exited."""
+        def up() -> bool:
+            if not self.alive():
+                raise RuntimeError(f"{what} exited ({self.popen.returncode}):\n{self.tail()}")
+            try:
+                return httpx.get(url, timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, timeout, what, interval=interval)
+
 
 @dataclass
 class Processes:

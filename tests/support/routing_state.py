@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-import httpx
 import openai
 import redis
 
@@ -44,12 +43,4 @@ def chat(client: openai.OpenAI, model: str, messages: list[dict], **kw: object) 
 
 def wait_router(proc: Proc, url: str, timeout: float = 30) -> None:
     """Until the ``sluice router`` process ``proc`` answers ``GET {url}/workers``; fails at once if it exited."""
-    def up() -> bool:
-        if not proc.alive():
-            raise RuntimeError(f"sluice router exited:\n{proc.tail()}")
-        try:
-            return httpx.get(f"{url}/workers", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout, "the router service")
+    proc.wait_serving(f"{url}/workers", "the router service", timeout)
