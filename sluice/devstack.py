@@ -24,7 +24,9 @@ their temporary directory. Whatever is not stopped explicitly is stopped when th
 process exits: at a normal end, after an uncaught exception, on Ctrl-C (SIGINT), and on SIGTERM or
 SIGHUP, which the first object created here turns into :class:`Terminated` (a KeyboardInterrupt,
 so ``finally`` blocks and pytest's fixture teardowns run as they do for Ctrl-C) where the process
-left those signals at their default. Only SIGKILL of the launcher leaves its children behind.
+left those signals at their default. Even SIGKILL of the launcher leaves nothing running: each
+process is started with a parent-death signal (``setpriv --pdeathsig TERM``, Linux), so it gets
+SIGTERM when the launcher's thread that started it is gone, and stops as it would on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def stop_at_exit(thing: Stoppable) -> None:
     :func:`forget`). Idempotent. The first call installs the exit hooks (module docstring)."""
     global _exit_hooks_installed
     if not _exit_hooks_installed:
-        atexit.register(_stop_everything)
+        atexit.register(stop_everything)
         if threading.current_thread() is threading.main_thread():
             for signum in EXIT_SIGNALS:
                 if signal.getsignal(signum) is signal.SIG_DFL:
@@ -98,7 +100,7 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
-def _stop_everything() -> None:
+def stop_everything() -> None:
     """Stop, newest first (a stack before the Redis it uses), whatever is still running."""
     for thing in reversed(list(_started.values())):
         try:
@@ -160,6 +162,18 @@ def free_port(companion_offset: int = 0) -> int:
     return port
 
 
+def with_parent_death_signal(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when the calling thread ends (Linux ``PR_SET_PDEATHSIG``
+    through util-linux's ``setpriv``, which then executes ``argv`` in place: the pid is the
+    command's). Only from the main thread, whose end is the launcher's: the kernel ties the signal to
+    the forking thread, so a helper thread's exit would otherwise end the process early. Unchanged
+    where ``setpriv`` is missing."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or threading.current_thread() is not threading.main_thread():
+        return argv
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv]
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
     """Poll ``predicate`` until it holds; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -191,8 +205,8 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         stop_at_exit(self)  # again, if it was stopped before
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir), "--maxclients", "10000"],
+            with_parent_death_signal([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.workdir), "--maxclients", "10000"]),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         client = redis.Redis.from_url(self.url)
@@ -276,7 +290,7 @@ class Processes:
         stop_at_exit(self)
         log = self.workdir / f"{name}.log"
         with log.open("wb") as out:
-            popen = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+            popen = subprocess.Popen(with_parent_death_signal(argv), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         proc = Proc(name, popen, log)
         self.procs[name] = proc

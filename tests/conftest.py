@@ -1,17 +1,23 @@
 """Session fixtures shared by every test package: a private Redis server and per-test namespaces;
-and a terminal summary that says loudly which suites did not run and how to run them."""
+a terminal summary that says loudly which suites did not run and how to run them; and a check at
+the end of the run that nothing it started is left behind (tests/support/leaks.py)."""
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import psutil
 import pytest
 import redis
 
-from sluice.devstack import RedisServer
+from sluice.devstack import RedisServer, stop_everything
+from tests.support.leaks import RUN_TAG_VAR, RunSnapshot, describe, end_processes, orphaned_shm, tagged_processes
+
+_RUN = pytest.StashKey[RunSnapshot]()
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,48 @@ OPTIONAL_SUITES = (
                   "./scripts/ensure_postgres.sh && .venv/bin/pytest -p no:cacheprovider -m postgres   "
                   "(server: SLUICE_TEST_POSTGRES_URL, default postgresql+psycopg2://postgres@localhost:5432/test)"),
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tag every process this run starts (through the environment it inherits) and note /dev/shm."""
+    tag = uuid.uuid4().hex
+    os.environ[RUN_TAG_VAR] = tag
+    config.stash[_RUN] = RunSnapshot.take(tag)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a process it started still runs, or a /dev/shm entry it made is held by
+    nothing, after every test and fixture ended (and after what the stack launcher would stop at
+    exit); then end and remove them, so that the machine is as before even then."""
+    snapshot = session.config.stash.get(_RUN, None)
+    if snapshot is None:
+        return
+    stop_everything()
+    me = psutil.Process()
+    own_helpers = {p.pid for p in me.children() if "multiprocessing.resource_tracker" in " ".join(_cmdline(p))}
+    procs = tagged_processes(snapshot.tag, exclude={me.pid, *own_helpers})
+    found = [str(d) for d in map(describe, procs) if d is not None]
+    end_processes(procs)
+    shm = orphaned_shm(snapshot.shm_before)
+    for path in shm:
+        path.unlink(missing_ok=True)
+    if not found and not shm:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_sep("!", "the run left things behind (now ended and removed)", red=True, bold=True)
+        for line in [*(f"process: {f}" for f in found), *(f"/dev/shm entry: {p.name}" for p in shm)]:
+            reporter.write_line(f"  {line}", red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,

@@ -17,7 +17,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from core.accounting import UsageRecord
-from sluice.devstack import REPO, wait_until
+from sluice.devstack import REPO, wait_until, with_parent_death_signal
 
 #: The PostgreSQL server the tests use (trust auth); SLUICE_TEST_POSTGRES_URL points elsewhere.
 PG_ADMIN_URL = os.environ.get("SLUICE_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@localhost:5432/test")
@@ -120,7 +120,7 @@ class BookkeeperProcess:
                    "-Q", self.queue, "--pool", "threads", "-c", "2", "-n", f"bookkeeper-{uuid.uuid4().hex[:6]}@%h",
                    "--without-gossip", "--without-mingle", "--loglevel", "INFO"]
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, **self.env}, stdout=self._log,
+        self.proc = subprocess.Popen(with_parent_death_signal(command), cwd=REPO, env={**os.environ, **self.env}, stdout=self._log,
                                      stderr=subprocess.STDOUT)
         wait_until(lambda: " ready." in self.log() or self.proc.poll() is not None, 60, "the bookkeeper to start")
         if self.proc.poll() is not None:

@@ -138,12 +138,13 @@ def test_run_serves_on_the_configured_port(redis_server: RedisServer, redis_clie
     import subprocess
     import sys
 
-    from sluice.devstack import free_port, wait_until
+    from sluice.devstack import free_port, wait_until, with_parent_death_signal
 
     port = free_port()
     env = {**os.environ, "SLUICE_REDIS__URL": redis_server.url, "SLUICE_NAMESPACE": namespace,
            "SLUICE_ROUTER__PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-c", "from router.service import run; run()"], env=env,
+    proc = subprocess.Popen(with_parent_death_signal([sys.executable, "-c", "from router.service import run; run()"]),
+                            env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def up() -> bool:

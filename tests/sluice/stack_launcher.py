@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -25,6 +26,10 @@ def main() -> None:
     parser.add_argument("--then", choices=["raise", "return"], default="return",
                         help="how the launcher ends once a line arrives on stdin")
     args = parser.parse_args()
+    # As a launcher started from a terminal: Ctrl-C raises KeyboardInterrupt even when the test
+    # runner runs with SIGINT ignored (a background job of a non-interactive shell), which its
+    # children would otherwise inherit.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     redis = RedisServer().start()
     stack = Stack(redis_url=redis.url, namespace=f"launch{uuid.uuid4().hex[:8]}", model_path=args.model_dir)
     stack.start_worker("w1")

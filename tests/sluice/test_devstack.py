@@ -1,6 +1,7 @@
 """sluice.devstack's cleanup promise: a launcher that ends in any way (SIGTERM or SIGINT to its
 process group, an uncaught exception, a normal return) leaves no process and no temporary directory
-behind, even without a ``finally`` of its own."""
+behind, even without a ``finally`` of its own; one that is SIGKILLed leaves no process (its
+temporary directories stay: nothing of it runs to remove them)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sluice.devstack import REPO
+from sluice.devstack import REPO, STOP_GRACE_S
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "exception", "return"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGKILL", "exception", "return"])
 def test_a_launcher_leaves_nothing_behind(how: str, tokenizer_dir: Path, tmp_path: Path) -> None:
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -36,7 +37,7 @@ def test_a_launcher_leaves_nothing_behind(how: str, tokenizer_dir: Path, tmp_pat
         assert len(started) >= 3 and any("redis-server" in n for n in names), names
         assert all(d.is_dir() and d.parent == tmp for d in dirs)
 
-        if how in ("SIGTERM", "SIGINT"):
+        if how in ("SIGTERM", "SIGINT", "SIGKILL"):
             os.killpg(launcher.pid, getattr(signal, how))  # as when `make` is interrupted
         else:
             launcher.stdin.write("go\n")
@@ -48,7 +49,10 @@ def test_a_launcher_leaves_nothing_behind(how: str, tokenizer_dir: Path, tmp_pat
             launcher.wait(10)
 
     assert (status == 0) if how == "return" else (status != 0)
-    _, alive = psutil.wait_procs(started, timeout=5)
+    # After SIGKILL the stack stops by itself (parent-death signal), as after SIGTERM: allow its grace.
+    _, alive = psutil.wait_procs(started, timeout=STOP_GRACE_S + 15 if how == "SIGKILL" else 5)
     assert alive == [], f"left running: {[(p.pid, p.name()) for p in alive]}"
+    if how == "SIGKILL":
+        return
     assert not any(d.exists() for d in dirs)
     assert list(tmp.iterdir()) == []

@@ -24,7 +24,7 @@ from typing import Self
 
 import redis
 
-from sluice.devstack import free_port, wait_until
+from sluice.devstack import free_port, wait_until, with_parent_death_signal
 
 
 def _redis_server() -> str:
@@ -48,8 +48,8 @@ class _Servers:
         data = self.workdir / str(port)
         data.mkdir(parents=True, exist_ok=True)
         self.procs[port] = subprocess.Popen(
-            [_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(data), *extra],
+            with_parent_death_signal([_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(data), *extra]),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def wait_ping(self, port: int) -> None:
@@ -155,7 +155,7 @@ class SentinelGroup:
                 f"sentinel failover-timeout {self.master_name} 10000",
                 f"sentinel parallel-syncs {self.master_name} 1", ""]))
             self.servers.procs[self.sentinel_port] = subprocess.Popen(
-                [_redis_server(), str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                with_parent_death_signal([_redis_server(), str(conf), "--sentinel"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True)
             self.servers.wait_ping(self.sentinel_port)
             wait_until(self._replica_known, 15, "the sentinel to see the replica")
