@@ -68,6 +68,10 @@ class Choices:
         return self.first.cached_tokens
 
     @property
+    def transferred_tokens(self) -> int:
+        return self.first.transferred_tokens
+
+    @property
     def completion_tokens(self) -> int:
         return sum(g.completion_tokens for g in self.generations)
 

@@ -113,6 +113,8 @@ class Generation:
         self.prompt_tokens = len(spec.prompt_token_ids)
         self.completion_tokens = 0
         self.cached_tokens = 0
+        #: Prompt tokens whose KV the serving worker read from a prefill worker (not in cached_tokens).
+        self.transferred_tokens = 0
         self.finish_reason: str | None = None
         self.error_type: str | None = None
         self.worker_id: str | None = None
@@ -374,6 +376,7 @@ class Generation:
                                         code=last.error.code or last.error.type)
                 if last.usage is not None:
                     self.cached_tokens = last.usage.cached_tokens
+                    self.transferred_tokens = last.usage.transferred_tokens
                     self.completion_tokens = last.usage.completion_tokens
                 self.finish_reason = "length" if last.finish_reason == "length" else "stop"
                 tail = assembler.finish()
@@ -531,6 +534,7 @@ class Generation:
                 w for w in (self.prefill_worker_id, *self._lost, self.worker_id or stream.worker_id) if w)),
             prompt_tokens=self.prompt_tokens if self.spec.charge_prompt else 0,
             cached_tokens=self.cached_tokens if self.spec.charge_prompt else 0,
+            transferred_tokens=self.transferred_tokens if self.spec.charge_prompt else 0,
             completion_tokens=self.completion_tokens,
             queue_time_s=(self._started_at - self._wall0) if self._started_at else None,
             ttft_s=(self._t_first - self._t0) if self._t_first else None, total_s=end - self._t0,
@@ -539,7 +543,8 @@ class Generation:
         log_request(record, self.spec.user)
         self.rt.metrics.observe_finished(self.spec.model, self.finish_reason, self.error_type,
                                          self._t_first - self._t0 if self._t_first else None, end - self._t0,
-                                         self.completion_tokens, self.prompt_tokens, self.cached_tokens)
+                                         self.completion_tokens, self.prompt_tokens, self.cached_tokens,
+                                         self.transferred_tokens)
 
 
 def log_request(record: UsageRecord, user: str | None = None) -> None:
@@ -548,12 +553,14 @@ def log_request(record: UsageRecord, user: str | None = None) -> None:
     status = record.error_type or record.finish_reason or "unknown"
     ttft = f"{record.ttft_s:.3f}" if record.ttft_s is not None else "-"
     request_log.info(
-        "request %s model=%s worker=%s status=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d "
-        "ttft_s=%s total_s=%.3f", record.request_id, record.model, ",".join(record.worker_ids) or "-", status,
-        record.prompt_tokens, record.cached_tokens, record.completion_tokens, ttft, record.total_s,
+        "request %s model=%s worker=%s status=%s prompt_tokens=%d cached_tokens=%d transferred_tokens=%d "
+        "completion_tokens=%d ttft_s=%s total_s=%.3f", record.request_id, record.model,
+        ",".join(record.worker_ids) or "-", status, record.prompt_tokens, record.cached_tokens,
+        record.transferred_tokens, record.completion_tokens, ttft, record.total_s,
         extra={"request_id": record.request_id, "model": record.model, "workers": record.worker_ids,
                "status": status, "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
-               "completion_tokens": record.completion_tokens, "ttft_s": record.ttft_s, "total_s": record.total_s,
+               "transferred_tokens": record.transferred_tokens, "completion_tokens": record.completion_tokens,
+               "ttft_s": record.ttft_s, "total_s": record.total_s,
                "key_id": record.key_id, "user": user})
 
 

@@ -61,6 +61,10 @@ class FrontendMetrics:
                                     registry=r)
         self.cached_tokens = Counter("sluice_cached_tokens_total", "Prompt tokens the engine found in its prefix "
                                      "cache, of finished requests", ["model"], registry=r)
+        self.transferred_tokens = Counter("sluice_transferred_tokens_total", "Prompt tokens whose KV the serving "
+                                          "worker read from a prefill worker instead of computing it "
+                                          "(disaggregated serving; not in the cached count), of finished requests",
+                                          ["model"], registry=r)
         self.in_flight = Gauge("sluice_requests_in_flight", "Requests being served", registry=r)
         self.migrations = Counter("sluice_request_migrations_total",
                                   "Requests moved to another worker after theirs was lost", ["model"], registry=r)
@@ -100,7 +104,7 @@ class FrontendMetrics:
 
     def observe_finished(self, model: str, finish_reason: str | None, error_type: str | None,
                          ttft_s: float | None, total_s: float, completion_tokens: int,
-                         prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
+                         prompt_tokens: int = 0, cached_tokens: int = 0, transferred_tokens: int = 0) -> None:
         outcome = "error" if error_type else (finish_reason or "unknown")
         self.child(self.requests, model, outcome).inc()
         if error_type:
@@ -111,6 +115,7 @@ class FrontendMetrics:
         self.child(self.tokens, model).inc(completion_tokens)
         self.child(self.input_tokens, model).inc(prompt_tokens)
         self.child(self.cached_tokens, model).inc(cached_tokens)
+        self.child(self.transferred_tokens, model).inc(transferred_tokens)
 
     def observe_refused(self, model: str, error_type: str) -> None:
         """A request refused before any worker took it (admission, rate limits, routing)."""

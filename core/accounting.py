@@ -20,6 +20,9 @@ class UsageRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     finish_reason: str | None
     error_type: str | None
     created_at: float
+    #: Prompt tokens whose KV the serving worker read from a prefill worker (disjoint from
+    #: ``cached_tokens``). Logged and counted by the frontend; the usage table has no column for it.
+    transferred_tokens: int = 0
     v: int = 1
 
 #: The version of :class:`UsageRecord` this code writes and reads (the ``v`` field).

@@ -200,7 +200,8 @@ def _joined(prompt: Any | None, own: Any | None) -> Any | None:
 
 
 def _usage(choices: Choices) -> UsageInfo:
-    return make_usage(choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens)
+    return make_usage(choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens,
+                      choices.transferred_tokens)
 
 
 async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFields, card: ModelCard,

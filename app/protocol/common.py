@@ -101,7 +101,12 @@ class SamplingFields(BaseModel):
 
 
 class PromptTokensDetails(msgspec.Struct):
+    """``cached_tokens`` (OpenAI's field): prompt tokens the serving worker found in its own prefix
+    cache. ``transferred_tokens`` (Sluice's): prompt tokens whose KV it read from a prefill worker
+    (disaggregated serving). The two never overlap; the rest of the prompt was computed there."""
+
     cached_tokens: int = 0
+    transferred_tokens: int = 0
 
 
 class UsageInfo(msgspec.Struct):
@@ -111,8 +116,8 @@ class UsageInfo(msgspec.Struct):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-def make_usage(prompt: int, completion: int, cached: int) -> UsageInfo:
-    return UsageInfo(prompt, completion, prompt + completion, PromptTokensDetails(cached))
+def make_usage(prompt: int, completion: int, cached: int, transferred: int = 0) -> UsageInfo:
+    return UsageInfo(prompt, completion, prompt + completion, PromptTokensDetails(cached, transferred))
 
 
 _encoder = msgspec.json.Encoder()

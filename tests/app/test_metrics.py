@@ -63,10 +63,12 @@ def test_a_scrape_sets_queue_depths_and_index_size_and_forgets_gone_workers() ->
 
 def test_finished_and_refused_requests() -> None:
     m = FrontendMetrics()
-    m.observe_finished("m", "stop", None, 0.1, 0.5, completion_tokens=7, prompt_tokens=30, cached_tokens=16)
+    m.observe_finished("m", "stop", None, 0.1, 0.5, completion_tokens=7, prompt_tokens=30, cached_tokens=16,
+                       transferred_tokens=14)
     m.observe_refused("m", "overloaded")
     assert value(m, "sluice_input_tokens_total", model="m") == 30
     assert value(m, "sluice_cached_tokens_total", model="m") == 16
+    assert value(m, "sluice_transferred_tokens_total", model="m") == 14
     assert value(m, "sluice_requests_total", model="m", outcome="stop") == 1
     assert value(m, "sluice_requests_total", model="m", outcome="error") == 1
     assert value(m, "sluice_request_errors_total", model="m", type="overloaded") == 1

@@ -22,7 +22,8 @@ from app.protocol.completions import CompletionRequest
 from core.errors import InvalidRequest, ModelNotFound, UpstreamError
 from core.settings import Settings
 
-USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8, "prompt_tokens_details": {"cached_tokens": 1}}
+USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+         "prompt_tokens_details": {"cached_tokens": 1, "transferred_tokens": 2}}
 
 
 class ScriptedGeneration:
@@ -33,7 +34,7 @@ class ScriptedGeneration:
         self.pieces = pieces
         self.error = error
         self.finish_reason: str | None = None
-        self.prompt_tokens, self.completion_tokens, self.cached_tokens = 5, 3, 1
+        self.prompt_tokens, self.completion_tokens, self.cached_tokens, self.transferred_tokens = 5, 3, 1, 2
         self.served_by = "w7"
         self.prefill_worker_id: str | None = None
         self.closed = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import redis
 
 from sluice.devstack import Stack, wait_until
@@ -23,3 +24,9 @@ def busy(r: redis.Redis, stack: Stack, worker: str) -> bool:
     """The worker's load record shows a request (one without output yet, a prefill, counts as waiting)."""
     load = r.hgetall(f"sluice:{stack.namespace}:load:{worker}")
     return int(load.get(b"running", 0)) + int(load.get(b"waiting", 0)) > 0
+
+
+def counter(stack: Stack, name: str) -> float:
+    """The frontend's counter ``name`` (``/metrics``), summed over its labels."""
+    metrics = httpx.get(f"{stack.base_url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(f"{name}{{"))

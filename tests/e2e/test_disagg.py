@@ -18,7 +18,7 @@ import redis
 from core.keys import Keys
 from sluice.devstack import Stack, final_delta, wait_until
 from tests.e2e.conftest import MODEL
-from tests.e2e.disagg_support import LONG, SHORT, wait_idle
+from tests.e2e.disagg_support import LONG, SHORT, counter, wait_idle
 
 MIN_TOKENS = "512"  # the remote-prefill threshold for these stacks (the default is 2,048)
 
@@ -95,6 +95,33 @@ def test_a_prompt_the_decode_worker_holds_stays_local(disagg: Stack) -> None:
         return "x-sluice-prefill-worker" not in again.headers and \
             again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 1000
     wait_until(local_now, 10, "the decode worker's cached prompt to keep the prefill local")
+
+
+def test_usage_and_metrics_report_transferred_tokens_apart_from_cached_ones(disagg: Stack) -> None:
+    """A new long prompt prefilled remotely: its usage (a stream's usage chunk) and the frontend's
+    ``sluice_transferred_tokens_total`` count the whole prompt as transferred, none as cached. The
+    same prompt again stays on the decode worker, which now holds it: cached, nothing transferred.
+    The frontend's counters grow by exactly what the responses reported."""
+    prompt = "Count the transferred tokens. " + LONG  # no worker holds any block of it
+    counters = ("sluice_transferred_tokens_total", "sluice_cached_tokens_total")
+    before = {name: counter(disagg, name) for name in counters}
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    _, usage, headers = _stream_text(disagg, body, "worker_id=d1")
+    assert headers["x-sluice-prefill-worker"] == "p1" and headers["x-sluice-worker"] == "d1"
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "transferred_tokens": usage["prompt_tokens"]}
+    reported = [usage]
+
+    def local_now() -> bool:
+        again = _complete(disagg, prompt, "worker_id=d1")
+        reported.append(again.json()["usage"])
+        return "x-sluice-prefill-worker" not in again.headers
+    wait_until(local_now, 10, "the decode worker's cached prompt to keep the prefill local")
+    details = reported[-1]["prompt_tokens_details"]
+    assert details["transferred_tokens"] == 0 and details["cached_tokens"] > 1000, details
+    expected = {name: before[name] + sum(u["prompt_tokens_details"][field] for u in reported)
+                for name, field in zip(counters, ("transferred_tokens", "cached_tokens"), strict=True)}
+    wait_until(lambda: {name: counter(disagg, name) for name in counters} == expected, 10,
+               f"the frontend's token counters to reach {expected}")
 
 
 def test_disagg_can_be_turned_off_or_forced_per_request(disagg: Stack) -> None:
@@ -190,9 +217,7 @@ def _stream_text(stack: Stack, body: dict, router: str, on_chunk=None) -> tuple[
 
 
 def _migrations(stack: Stack) -> float:
-    metrics = httpx.get(f"{stack.base_url}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("sluice_request_migrations_total{"))
+    return counter(stack, "sluice_request_migrations_total")
 
 
 @pytest.fixture

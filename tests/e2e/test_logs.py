@@ -87,6 +87,7 @@ def test_json_lines_follow_a_request_and_hold_no_secret(logged_stack: Stack, dat
     assert line["model"] == MODEL and line["workers"] == ["w1"] and line["status"] == "stop" or \
         line["status"] == "length", line
     assert line["completion_tokens"] > 0 and line["prompt_tokens"] > 0 and 0 < line["ttft_s"] <= line["total_s"]
+    assert line["transferred_tokens"] == 0  # one aggregated worker: the prompt computed where it was served
     assert line["key_id"] and line["key_id"] in key and line["user"] == "end-user-42"
     wait_until(lambda: any(r["request_id"] == request_id for r in _records(s, "w1")), 10,
                "the worker's lines for the request")

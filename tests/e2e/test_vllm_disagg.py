@@ -23,7 +23,7 @@ import redis
 from core.keys import Keys
 from core.messages import ControlCommand, encode_control
 from sluice.devstack import Stack, final_delta, wait_until
-from tests.e2e.disagg_support import LONG, busy, wait_idle
+from tests.e2e.disagg_support import LONG, busy, counter, wait_idle
 from tests.workers.vllm_support import MODEL, VLLM_SKIP, smollm2_weights_dir
 
 pytestmark = [pytest.mark.vllm, VLLM_SKIP]
@@ -87,12 +87,15 @@ def test_greedy_output_is_identical_and_the_decode_worker_reads_the_prompt(pd: S
     assert final is not None and final.usage is not None
     # vLLM on the decode worker computed no prompt token: all of them came over NIXL.
     assert final.usage.transferred_tokens == usage["prompt_tokens"], final.usage
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "transferred_tokens": usage["prompt_tokens"]}
+    wait_until(lambda: counter(pd, "sluice_transferred_tokens_total") == usage["prompt_tokens"], 10,
+               "the frontend to count the transferred tokens")
     wait_idle(r, pd, "p1", "d1", timeout=30)  # p1's held blocks freed once read
 
     _clear_cache(r, pd, "d1")
     local = _complete(pd, LONG, "worker_id=d1, disagg=off")
     assert "x-sluice-prefill-worker" not in local.headers
-    assert local.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # computed from scratch
+    assert local.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "transferred_tokens": 0}  # computed
     assert remote.json()["choices"][0]["text"] == local.json()["choices"][0]["text"]
 
 
