@@ -14,15 +14,15 @@ process was SIGKILLed); entries other processes on the machine use at the time s
 
 from __future__ import annotations
 
-import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from core import shm
+
 RUN_TAG_VAR = "PYTEST_SLUICE_RUN"
-SHM = Path("/dev/shm")
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class RunSnapshot:
 
     @classmethod
     def take(cls, tag: str) -> RunSnapshot:
-        return cls(tag=tag, shm_before=frozenset(_shm_entries()))
+        return cls(tag=tag, shm_before=frozenset(entry.name for entry in shm.entries()))
 
 
 def tagged_processes(tag: str, exclude: set[int]) -> list[psutil.Process]:
@@ -92,54 +92,9 @@ def _signal(proc: psutil.Process, sig: int) -> None:
 
 
 def orphaned_shm(before: frozenset[str]) -> list[Path]:
-    """``/dev/shm`` entries that appeared since ``before`` and that no live process maps or holds open.
-
-    Entries are matched by inode, not by name: a POSIX semaphore is created under a temporary name and
-    then linked to its own, so its mappings may show either name."""
-    new = set(_shm_entries()) - before
+    """``/dev/shm`` entries that appeared since ``before`` and that no live process maps or holds open."""
+    new = [entry for entry in shm.entries() if entry.name not in before]
     if not new:
         return []
-    held = _held_shm_inodes()
-    orphans = []
-    for name in sorted(new):
-        try:
-            if os.stat(SHM / name).st_ino not in held:
-                orphans.append(SHM / name)
-        except OSError:
-            continue  # removed meanwhile
-    return orphans
-
-
-def _shm_entries() -> list[str]:
-    try:
-        return [entry.name for entry in os.scandir(SHM)]
-    except OSError:
-        return []
-
-
-def _held_shm_inodes() -> set[int]:
-    """Inodes of /dev/shm's file system mapped (``/proc/PID/maps``) or open (``/proc/PID/fd``) by any process."""
-    try:
-        shm_dev = os.stat(SHM).st_dev
-    except OSError:
-        return set()
-    dev_field = f"{os.major(shm_dev):02x}:{os.minor(shm_dev):02x}"
-    held: set[int] = set()
-    for pid_dir in Path("/proc").iterdir():
-        if not pid_dir.name.isdigit():
-            continue
-        try:
-            for line in (pid_dir / "maps").read_text(errors="replace").splitlines():
-                parts = line.split(maxsplit=5)  # address perms offset dev inode [path]
-                if len(parts) >= 5 and parts[3] == dev_field:
-                    held.add(int(parts[4]))
-            for fd in (pid_dir / "fd").iterdir():
-                try:
-                    st = os.stat(fd)
-                except OSError:
-                    continue
-                if st.st_dev == shm_dev:
-                    held.add(st.st_ino)
-        except OSError:
-            continue
-    return held
+    held = shm.held_inodes()
+    return sorted(shm.SHM / entry.name for entry in new if entry.inode not in held)

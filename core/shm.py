@@ -1,0 +1,120 @@
+"""Shared-memory entries (``/dev/shm``: POSIX shared memory segments and named semaphores) and who
+holds them, for cleaning up after processes that cannot clean up after themselves.
+
+vLLM's engine processes talk through message queues in ``/dev/shm`` segments (``psm_*``, one of
+160-250 MB each on CPU), which the process that made them removes when it shuts down cleanly; a
+process that is killed leaves them behind, and they hold memory until the machine restarts. A
+worker notes its engine's segments once the engine started (:meth:`ShmEntries.held_by_descendants`)
+and removes the ones nothing holds any more once the engine is gone (:meth:`ShmEntries.remove_orphans`).
+
+Entries are known by inode as well as by name: a name may be reused by a new entry, and a POSIX
+semaphore is created under a temporary name and then linked to its own, so the mappings of a
+process may show either name. Linux only (``/proc``); elsewhere every set is empty.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+SHM = Path("/dev/shm")
+
+
+@dataclass(frozen=True)
+class ShmEntry:
+    name: str
+    inode: int
+
+
+@dataclass(frozen=True)
+class ShmEntries:
+    entries: frozenset[ShmEntry]
+
+    @classmethod
+    def held_by_descendants(cls, pid: int | None = None) -> ShmEntries:
+        """The entries that the descendants of ``pid`` (default: this process) map or hold open."""
+        inodes: set[int] = set()
+        for child in descendants(os.getpid() if pid is None else pid):
+            inodes |= held_inodes(child)
+        return cls(frozenset(e for e in entries() if e.inode in inodes))
+
+    def remove_orphans(self) -> list[str]:
+        """Remove those of these entries that still exist (same name, same inode) and that no process
+        maps or holds open any more; returns the names removed."""
+        if not self.entries:
+            return []
+        held = held_inodes()
+        removed = []
+        for entry in self.entries:
+            path = SHM / entry.name
+            try:
+                if path.stat().st_ino != entry.inode or entry.inode in held:
+                    continue
+                path.unlink()
+            except OSError:
+                continue
+            removed.append(entry.name)
+        return sorted(removed)
+
+
+def entries() -> list[ShmEntry]:
+    """Every entry of /dev/shm now."""
+    found = []
+    try:
+        with os.scandir(SHM) as it:
+            for entry in it:
+                try:
+                    found.append(ShmEntry(entry.name, entry.inode()))
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of ``pid``'s children, their children, and so on (``/proc/PID/stat``'s parent field)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after the last ")"
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], list(children.get(pid, ()))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, ()))
+    return found
+
+
+def held_inodes(pid: int | None = None) -> set[int]:
+    """Inodes of /dev/shm's file system that process ``pid`` (default: every process) maps
+    (``/proc/PID/maps``) or holds open (``/proc/PID/fd``)."""
+    try:
+        shm_dev = os.stat(SHM).st_dev
+    except OSError:
+        return set()
+    dev_field = f"{os.major(shm_dev):02x}:{os.minor(shm_dev):02x}"
+    pid_dirs = [Path(f"/proc/{pid}")] if pid is not None else [
+        d for d in Path("/proc").iterdir() if d.name.isdigit()]
+    held: set[int] = set()
+    for pid_dir in pid_dirs:
+        try:
+            for line in (pid_dir / "maps").read_text(errors="replace").splitlines():
+                parts = line.split(maxsplit=5)  # address perms offset dev inode [path]
+                if len(parts) >= 5 and parts[3] == dev_field:
+                    held.add(int(parts[4]))
+            for fd in (pid_dir / "fd").iterdir():
+                try:
+                    st = os.stat(fd)
+                except OSError:
+                    continue
+                if st.st_dev == shm_dev:
+                    held.add(st.st_ino)
+        except OSError:
+            continue
+    return held
