@@ -170,8 +170,11 @@ class FrontendSettings(BaseModel):
     port: int = 8000
     stall_timeout_s: float = Field(30.0, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
-    #: ``max_tokens`` of a chat completion that names none (at most what the context leaves).
-    default_max_tokens: int = Field(1024, ge=1)
+    #: ``max_tokens`` of a chat completion that names none (at most what the context leaves). 256
+    #: holds a small chat model's usual answer and ends one that repeats itself (SmolLM2-135M at its
+    #: recommended temperature 0.2 sometimes does) after about 15 s on a CPU worker, where 1,024 took a
+    #: minute; vLLM's server would allow the whole remaining context and OpenAI's API sets no limit.
+    default_max_tokens: int = Field(256, ge=1)
     #: ``max_tokens`` of a ``/v1/completions`` request that names none: OpenAI's 16.
     default_completion_max_tokens: int = Field(16, ge=1)
     #: Sampling defaults for fields a request leaves out: ``auto``, the model's generation_config.json

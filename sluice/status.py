@@ -40,13 +40,17 @@ def _age(now: float, then: float) -> float | None:
 
 
 def worker_json(w: LiveWorker, snap: ClusterSnapshot) -> dict[str, Any]:
+    """One worker's line. Its KV cache in two figures from its heartbeat: ``kv_blocks_used``, the blocks
+    its requests hold (the load the routers weigh: 0 on an idle worker, whatever it has cached), and
+    ``kv_blocks_cached``, the blocks holding cached prefixes, in use or evictable (what the prefix
+    index should list for it, ``index_blocks``)."""
     r, load = w.record, w.load
     return {
         "worker_id": r.worker_id, "model": r.model, "pool": r.pool, "engine": r.engine,
         "state": "draining" if load.draining else "live", "metrics_url": r.metrics_url or None,
         "queue": r.queue, "slot": r.slot, "running": load.running, "waiting": load.waiting,
-        "kv_blocks_used": load.active_blocks, "kv_blocks_total": load.total_blocks,
-        "kv_usage": round(load.kv_usage, 4), "index_blocks": snap.index_blocks.get(r.worker_id, 0),
+        "kv_blocks_used": load.active_blocks, "kv_blocks_cached": load.cached_blocks,
+        "kv_blocks_total": load.total_blocks, "kv_usage": round(load.kv_usage, 4), "index_blocks": snap.index_blocks.get(r.worker_id, 0),
         "queue_messages": snap.queue_messages.get(r.queue, 0), "tokens_per_s": round(load.tokens_per_s, 2),
         "kv_resyncs": load.kv_resyncs, "heartbeat_age_s": _age(snap.taken_at, load.updated_at),
         "lease_expires_in_s": round(w.lease_expires_at - snap.taken_at, 3),
@@ -100,9 +104,11 @@ def fmt_seconds(value: float | None) -> str:
     return f"{value / 3600:.1f}h"
 
 
-def fmt_kv(used: int, total: int) -> str:
-    """KV blocks in use, and their share of the cache."""
-    return f"{used} {used / total:.0%}" if total else str(used)
+def fmt_kv(used: int, cached: int, total: int) -> str:
+    """KV blocks in use / holding cached prefixes, and the cached ones' share of the cache (how full
+    it is: evictable blocks are free for vLLM's own usage figure, not empty)."""
+    blocks = f"{used}/{cached}"
+    return f"{blocks} {cached / total:.0%}" if total else blocks
 
 
 #: The narrowest console that shows the workers' metrics URLs (a narrower one leaves them to --json).
@@ -136,14 +142,15 @@ def render(status: dict[str, Any], wide: bool = False) -> RenderableType:
 
     if status["workers"]:
         several_models = len(status["models"]) > 1
-        numbers = ["run", "wait", "KV blocks", "index", "queued", "tok/s", "beat"]
+        numbers = ["run", "wait", "KV used/cached", "index", "queued", "tok/s", "beat"]
         workers = _table("Workers", ["worker", *(["model"] if several_models else []), "pool", "state", *numbers,
                                      *(["metrics"] if wide else [])], set(numbers))
         for w in status["workers"]:
             state = Text(w["state"], style="green" if w["state"] == "live" else "yellow")
             workers.add_row(w["worker_id"], *([w["model"]] if several_models else []), w["pool"], state,
                             str(w["running"]), str(w["waiting"]),
-                            fmt_kv(w["kv_blocks_used"], w["kv_blocks_total"]), str(w["index_blocks"]),
+                            fmt_kv(w["kv_blocks_used"], w["kv_blocks_cached"], w["kv_blocks_total"]),
+                            str(w["index_blocks"]),
                             str(w["queue_messages"]), f"{w['tokens_per_s']:.1f}", fmt_seconds(w["heartbeat_age_s"]),
                             *([w["metrics_url"] or "-"] if wide else []))
         parts.append(workers)

@@ -7,11 +7,24 @@ import pytest
 from app.api.deps import parse_router_header, router_overrides
 from app.generation import resolve_max_tokens
 from core.errors import ContextLengthExceeded, InvalidRequest
+from core.settings import Settings
 
 
 def test_max_tokens_defaults_to_what_fits() -> None:
     assert resolve_max_tokens(None, 100, 8192, 1024) == 1024
     assert resolve_max_tokens(None, 8000, 8192, 1024) == 192
+
+
+def test_a_chat_completion_that_names_no_max_tokens_gets_a_small_settable_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """256 (core/settings.py says why), not 1,024: a small model that repeats itself on a CPU worker
+    stops after seconds, not a minute. ``/v1/completions`` keeps OpenAI's 16."""
+    for name in ("SLUICE_FRONTEND__DEFAULT_MAX_TOKENS", "SLUICE_FRONTEND__DEFAULT_COMPLETION_MAX_TOKENS"):
+        monkeypatch.delenv(name, raising=False)
+    frontend = Settings().frontend
+    assert (frontend.default_max_tokens, frontend.default_completion_max_tokens) == (256, 16)
+    monkeypatch.setenv("SLUICE_FRONTEND__DEFAULT_MAX_TOKENS", "1024")
+    assert Settings().frontend.default_max_tokens == 1024
 
 
 def test_prompt_longer_than_context_is_rejected_with_the_limit() -> None:

@@ -27,7 +27,7 @@ def worker(wid: str, pool: str = "agg", model: str = "m", **load: object) -> Liv
 def snapshot() -> ClusterSnapshot:
     return ClusterSnapshot(
         namespace="prod", taken_at=NOW,
-        workers=[worker("w1", running=3, waiting=1, active_blocks=250, tokens_per_s=41.26),
+        workers=[worker("w1", running=3, waiting=1, active_blocks=250, cached_blocks=300, tokens_per_s=41.26),
                  worker("w2", draining=True), worker("p1", pool="prefill")],
         frontends=[LiveFrontend(FrontendRecord(frontend_id="f1", url="http://fe:8000", metrics_url="http://fe:8000/metrics",
                                                router_mode="kv", started_at=NOW - 7200, in_flight=4,
@@ -47,7 +47,7 @@ def test_the_json_form_lists_models_pools_workers_and_frontends() -> None:
     assert w1 == {
         "worker_id": "w1", "model": "m", "pool": "agg", "engine": "mocker", "state": "live",
         "metrics_url": "http://127.0.0.1:912/metrics", "queue": "q.w1", "slot": 0, "running": 3, "waiting": 1,
-        "kv_blocks_used": 250, "kv_blocks_total": 1000, "kv_usage": 0.25, "index_blocks": 120, "queue_messages": 2,
+        "kv_blocks_used": 250, "kv_blocks_cached": 300, "kv_blocks_total": 1000, "kv_usage": 0.25, "index_blocks": 120, "queue_messages": 2,
         "tokens_per_s": 41.26, "kv_resyncs": 0, "heartbeat_age_s": 0.5, "lease_expires_in_s": 2.5, "uptime_s": 120.0}
     assert [w["state"] for w in status["workers"]] == ["live", "draining", "live"]
     assert status["frontends"] == [{"frontend_id": "f1", "url": "http://fe:8000", "metrics_url": "http://fe:8000/metrics",
@@ -75,7 +75,7 @@ def test_the_screen_fits_an_80_column_terminal_and_says_what_matters() -> None:
     assert all(len(line) <= 80 for line in text.splitlines())
     assert "Sluice prod at " in text and "frontends 1 | workers 3 | in flight 4 | routing kv" in text
     w1 = next(line for line in text.splitlines() if line.lstrip().startswith("w1"))
-    assert w1.split() == ["w1", "agg", "live", "3", "1", "250", "25%", "120", "2", "41.3", "0.5s"]
+    assert w1.split() == ["w1", "agg", "live", "3", "1", "250/300", "30%", "120", "2", "41.3", "0.5s"]
     assert "draining" in text and "agg:2 prefill:1" in text
     assert "http://fe:8000" in text and "2.0h" in text
     assert "127.0.0.1:912" not in text  # the metrics URLs need a wide terminal
@@ -90,14 +90,28 @@ def test_a_wide_screen_shows_the_metrics_urls_and_several_models_a_model_column(
     assert x1.split()[:3] == ["x1", "other", "agg"]
 
 
+def test_an_idle_worker_shows_its_cache_next_to_the_index() -> None:
+    """An idle worker's requests hold no block (0 used), while its cache still holds what the index
+    lists for it: the screen shows both (once it showed only the first, ``0 0%`` beside ``index 285``)."""
+    snap = dataclasses.replace(snapshot(), workers=[worker("v1", active_blocks=0, cached_blocks=285)],
+                               index_blocks={"v1": 285})
+    status = status_json(snap)
+    (v1,) = status["workers"]
+    assert (v1["kv_blocks_used"], v1["kv_blocks_cached"], v1["index_blocks"]) == (0, 285, 285)
+    text = screen(status, 80)
+    line = next(line for line in text.splitlines() if line.lstrip().startswith("v1"))
+    assert line.split()[5:8] == ["0/285", "28%", "285"] and "KV used/cached" in text
+
+
 @pytest.mark.parametrize(("seconds", "text"), [(None, "-"), (0.25, "0.2s"), (59.9, "59.9s"), (90, "2m"), (7200, "2.0h")])
 def test_fmt_seconds(seconds: float | None, text: str) -> None:
     assert fmt_seconds(seconds) == text
 
 
 def test_fmt_kv() -> None:
-    assert fmt_kv(250, 1000) == "250 25%"
-    assert fmt_kv(3, 0) == "3"
+    assert fmt_kv(250, 300, 1000) == "250/300 30%"
+    assert fmt_kv(0, 285, 1000) == "0/285 28%"
+    assert fmt_kv(3, 5, 0) == "3/5"
 
 
 def test_watch_takes_an_optional_positive_interval() -> None:

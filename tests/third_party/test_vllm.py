@@ -2,7 +2,8 @@
 changes nothing, as a barrier: it is a utility call the engine core answers after handling every
 message sent before it, so once it answers after an ``abort``, the request's blocks are free. vLLM
 documents no such barrier. ``clear_kv_cache`` relies on ``reset_prefix_cache``'s
-``reset_running_requests`` (its behaviour is checked by the conformance suite's clearing tests).
+``reset_running_requests`` (its behaviour is checked by the conformance suite's clearing tests). The
+start-up warm-up of the logprobs kernel relies on where vLLM compiles it.
 
 Runs in the vLLM environment (``-m vllm``), on the session's shared engine; vLLM is imported inside
 the tests so that the main environment still collects this module."""
@@ -49,6 +50,23 @@ def test_the_calls_keep_their_signatures() -> None:
     assert parameters(AsyncLLM.get_num_unfinished_requests) == ["self"], drift(
         LIBRARY, "AsyncLLM.get_num_unfinished_requests changed", "workers/engines/vllm_engine.py (_abort_all)",
         "how shutdown sees requests vLLM has not finished")
+
+
+def test_logprob_ranks_come_from_a_kernel_compiled_on_first_use() -> None:
+    """The engine serves one logprobs request at start (vllm_engine._warm_logprobs) because vLLM
+    compiles the kernel that ranks a token among the vocabulary on its first use, a first logprobs
+    request's 14 s on a CPU."""
+    from vllm.v1.sample.ops import logprobs
+    from vllm.v1.sample.sampler import Sampler
+
+    where = "workers/engines/vllm_engine.py (_warm_logprobs)"
+    kernel = getattr(logprobs, "batched_count_greater_than", None)
+    assert kernel is not None and getattr(kernel, "_torchdynamo_orig_callable", None) is not None, drift(
+        LIBRARY, "vllm.v1.sample.ops.logprobs.batched_count_greater_than is gone or no longer torch.compile'd", where,
+        "whether the first logprobs request still waits for a compilation (else drop the warm-up)")
+    assert "batched_count_greater_than" in inspect.getsource(Sampler.gather_logprobs), drift(
+        LIBRARY, "Sampler.gather_logprobs no longer ranks tokens with batched_count_greater_than", where,
+        "what the first logprobs request compiles, if anything")
 
 
 async def test_is_sleeping_follows_an_abort_to_the_engine_core(

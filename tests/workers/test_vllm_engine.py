@@ -162,6 +162,37 @@ def test_sampling_maps_to_vllm() -> None:
     assert to_vllm_sampling(SamplingParams(max_tokens=1)).top_k in (-1, 0)  # every token
 
 
+class _WarmUpLlm:
+    """What ``_warm_logprobs`` sees of vLLM's ``AsyncLLM``: ``generate``, which records its call."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.calls: list[tuple[dict, object, str]] = []
+        self.error = error
+
+    async def generate(self, prompt: dict, sampling: object, request_id: str) -> AsyncIterator[object]:
+        self.calls.append((prompt, sampling, request_id))
+        if self.error is not None:
+            raise self.error
+        yield object()
+
+
+async def test_start_compiles_the_logprobs_kernel_with_a_request_that_caches_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The start-up request asks for one token with both kinds of logprobs (each compiles vLLM's
+    ranking kernel on first use), on a prompt shorter than a block: nothing enters the prefix cache,
+    no KV event reaches the router. A failure is logged: the worker starts all the same."""
+    from workers.engines.vllm_engine import _warm_logprobs
+
+    llm = _WarmUpLlm()
+    await _warm_logprobs(llm)  # type: ignore[arg-type]
+    ((prompt, sampling, _),) = llm.calls
+    assert 2 <= len(prompt["prompt_token_ids"]) < 16  # prompt logprobs need two tokens; blocks hold 16 or more
+    assert (sampling.max_tokens, sampling.logprobs, sampling.prompt_logprobs) == (1, 1, 1)
+    failing = _WarmUpLlm(RuntimeError("engine core gone"))
+    await _warm_logprobs(failing)  # type: ignore[arg-type]
+    assert "could not be compiled at start: engine core gone" in caplog.text
+
+
 async def test_a_tokenizer_only_directory_does_not_start(tmp_path: Path) -> None:
     source = smollm2_weights_dir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):

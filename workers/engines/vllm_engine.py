@@ -24,7 +24,8 @@ How the contract is met:
   requests are preempted (they recompute their KV, their outputs unchanged) so that the reset
   always succeeds.
 * ``shutdown`` aborts every live request and waits (briefly) until vLLM holds none unfinished, so
-  that one whose submission was under way is aborted too, before its engine core stops.
+  that one whose submission was under way is aborted too, before its engine core stops. On a CPU,
+  vLLM's processes then get ``_CPU_ENGINE_EXIT_S`` to exit before vLLM kills them.
 * KV events: vLLM publishes them over ZMQ to a loopback socket bound here
   (:mod:`workers.engines.vllm_kv_subscriber`); :mod:`workers.engines.vllm_kv_events` turns them
   into Sluice block hashes, handed to the sink from the engine loop. Lost or unreadable batches
@@ -34,7 +35,8 @@ How the contract is met:
   others running; active blocks are each live request's ``ceil(tokens / block_size)`` (shared
   prefix blocks counted once per request: an upper bound).
 * ``start`` blocks the engine loop while vLLM loads (about a minute on CPU): vLLM's async client
-  must be created on the loop that will drive it, and nothing else runs there before start.
+  must be created on the loop that will drive it, and nothing else runs there before start. It
+  then serves one request of its own (:func:`_warm_logprobs`), whose steps nobody sees.
 * Engine death: when vLLM's engine core process dies, vLLM fails every live stream with
   ``EngineDeadError``; each becomes an :class:`core.errors.UpstreamError` (so the client gets an
   error event), and a watchdog calls ``on_dead`` once with the reason. The worker's ``on_dead``
@@ -79,6 +81,7 @@ from workers.engines.base import (
     EngineRequest,
     EngineStartError,
     KvEventSink,
+    StepStats,
     discard_kv_events,
     emit_kv_events,
     emit_step,
@@ -104,6 +107,16 @@ _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 _WATCHDOG_INTERVAL_S = 0.5
 #: How long ``shutdown`` waits for vLLM to finish the requests it aborted.
 _SHUTDOWN_DRAIN_S = 5.0
+#: On a CPU, how long vLLM's engine processes get to exit once ``shutdown`` has stopped them, after
+#: which vLLM kills them (its default, kept on GPUs where a device's teardown may need it: 5 s).
+#: Nothing they do by then matters: the engine core waits for its model worker, which spends seconds
+#: in its interpreter's teardown (vLLM unfreezes that heap first), and an idle worker's exit waited
+#: those 5 s, the whole of the patience honcho gives a process after Ctrl-C.
+_CPU_ENGINE_EXIT_S = 2.0
+#: The start-up request of :func:`_warm_logprobs`: two tokens (any ids of the vocabulary), shorter
+#: than a KV block, so that nothing enters the prefix cache and no KV event reaches the router.
+_WARMUP_PROMPT = (1, 16)
+_WARMUP_REQUEST_ID = "sluice-warmup"
 
 #: Called once, from the engine loop, when the engine has died; the argument says why.
 OnDead = Callable[[str], None]
@@ -150,6 +163,24 @@ def _warm_structured_outputs() -> None:
         xgrammar.Grammar.from_json_schema('{"type": "object", "properties": {"a": {"type": "string"}}}')
     except Exception as exc:  # noqa: BLE001 - a constraint then fails on its own request, with its reason
         log.warning("structured outputs could not be prepared: %s", exc)
+
+
+async def _warm_logprobs(llm: AsyncLLM) -> None:
+    """Have vLLM compile its logprobs kernel now rather than on the first request that asks for logprobs.
+
+    vLLM ranks a token among the vocabulary with a ``torch.compile``d function
+    (``vllm.v1.sample.ops.logprobs.batched_count_greater_than``, in its engine core process) that is
+    compiled on first use: the first ``logprobs`` or ``prompt_logprobs`` request waited 14 to 25 s on a
+    CPU (2 s once inductor's on-disk cache holds the kernel), every later one nothing. Its own start-up
+    warm-up samples without logprobs. One token with both kinds of logprobs compiles it here; a failure
+    is logged (the first logprobs request then compiles it, as before), not raised."""
+    sampling = VllmSamplingParams(n=1, max_tokens=1, logprobs=1, prompt_logprobs=1, detokenize=False,
+                                  output_kind=RequestOutputKind.FINAL_ONLY)
+    try:
+        async for _ in llm.generate(tokens_input(list(_WARMUP_PROMPT)), sampling, _WARMUP_REQUEST_ID):
+            pass
+    except Exception as exc:  # noqa: BLE001 - the warm-up is an optimisation; serving does not depend on it
+        log.warning("vLLM's logprobs kernel could not be compiled at start: %s", exc)
 
 
 def structured_outputs(constraint: StructuredOutput | None) -> StructuredOutputsParams | None:
@@ -290,6 +321,9 @@ class VllmEngine(Engine):
         self._watchdog: asyncio.Task[None] | None = None
         self._dead_reported = False
         self._stopping = False
+        #: While the start-up warm-up runs: its steps (one of them slowed by a compilation) are not
+        #: reported to ``on_step``, whose timing model would take them for serving steps.
+        self._warming = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
     async def start(self, kv_sink: KvEventSink = discard_kv_events) -> None:
@@ -302,7 +336,7 @@ class VllmEngine(Engine):
         try:
             self._llm = AsyncLLM.from_engine_args(
                 engine_args(self.model_path, self.settings, self._subscriber.endpoint, self.transfer),
-                stat_loggers=[recorder_factory(self.counters, lambda step: emit_step(self.on_step, step))],
+                stat_loggers=[recorder_factory(self.counters, self._report_step)],
             )
         except Exception as exc:
             self._subscriber.close()
@@ -323,6 +357,11 @@ class VllmEngine(Engine):
         # vLLM checks a request's output constraint in this process, compiling it with xgrammar: the
         # first one loads xgrammar, seconds that would otherwise stall the worker's loop mid-serving.
         await asyncio.to_thread(_warm_structured_outputs)
+        self._warming = True
+        try:
+            await _warm_logprobs(self._llm)
+        finally:
+            self._warming = False
         loop = asyncio.get_running_loop()
         self._kv_task = loop.create_task(self._pump_kv_events(), name="vllm-kv-events")
         self._watchdog = loop.create_task(self._watch_engine(), name="vllm-watchdog")
@@ -334,7 +373,7 @@ class VllmEngine(Engine):
         if self._llm is not None:
             if not self._llm.errored:
                 await self._abort_all(self._llm)
-            self._llm.shutdown()
+            self._llm.shutdown(timeout=_CPU_ENGINE_EXIT_S if current_platform.is_cpu() else None)
             self._llm = None
         for task in (self._kv_task, self._watchdog):
             if task is not None:
@@ -572,6 +611,10 @@ class VllmEngine(Engine):
             await asyncio.sleep(_WATCHDOG_INTERVAL_S)
         if self._llm is not None:
             self._report_dead("vLLM's engine core process died")
+
+    def _report_step(self, step: StepStats) -> None:
+        if not self._warming:
+            emit_step(self.on_step, step)
 
     def _report_dead(self, reason: str) -> None:
         if self._dead_reported:
