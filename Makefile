@@ -115,15 +115,15 @@ endif
 SLUICE_TOPOLOGY ?= agg
 ifeq ($(SLUICE_TOPOLOGY),disagg)
 run: venv redis models
-	@echo "==> Starting the disaggregated stack with honcho (Procfile.disagg): frontend, a prefill and a decode $(SLUICE_ENGINE) worker, bookkeeper, Flower. Ctrl-C stops everything."
+	@echo "==> Starting the disaggregated stack with sluice start (Procfile.disagg): frontend, a prefill and a decode $(SLUICE_ENGINE) worker, bookkeeper, Flower. Ctrl-C stops everything (running requests finish first; Ctrl-C again kills)."
 	SLUICE_ENGINE=$(SLUICE_ENGINE) SLUICE_MODEL=$(SLUICE_MODEL) \
-	SLUICE_AUTH=$${SLUICE_AUTH:-0} $(BIN)/honcho start -f Procfile.disagg
+	SLUICE_AUTH=$${SLUICE_AUTH:-0} $(BIN)/sluice start -f Procfile.disagg
 else
 run: venv redis models
-	@echo "==> Starting the stack with honcho (Procfile): frontend, $(SLUICE_WORKERS) $(SLUICE_ENGINE) worker(s), bookkeeper, Flower."
+	@echo "==> Starting the stack with sluice start (Procfile): frontend, $(SLUICE_WORKERS) $(SLUICE_ENGINE) worker(s), bookkeeper, Flower."
 	@echo "    A line 'Sluice is ready: API ...' follows once the workers are live$(if $(filter vllm,$(SLUICE_ENGINE)), (a vLLM worker loads its model in about a minute on a CPU)). Ctrl-C stops everything."
 	SLUICE_ENGINE=$(SLUICE_ENGINE) SLUICE_MODEL=$(SLUICE_MODEL) SLUICE_WORKERS=$(SLUICE_WORKERS) \
-	SLUICE_AUTH=$${SLUICE_AUTH:-0} $(BIN)/honcho start -f Procfile -c worker=$(SLUICE_WORKERS)
+	SLUICE_AUTH=$${SLUICE_AUTH:-0} $(BIN)/sluice start -f Procfile -c worker=$(SLUICE_WORKERS)
 endif
 
 ## Every test: unit, integration (private Redis), end to end (the stack as subprocesses), then the

@@ -144,11 +144,9 @@ def _bookkeeper(args: argparse.Namespace) -> int:
 
 
 def _flower(args: argparse.Namespace) -> int:
-    from workers.celery_app import app
+    from sluice.flower import run
 
-    os.environ.setdefault("FLOWER_UNAUTHENTICATED_API", "true")
-    app.start(["flower", f"--port={args.port}", f"--address={args.address}"])
-    return 0
+    return run(args.port, args.address)
 
 
 def _models_prepare(args: argparse.Namespace) -> int:
@@ -228,6 +226,38 @@ def _add_flower(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--port", type=int, default=5555, help="port")
     p.add_argument("--address", default="127.0.0.1", help="bind address; 0.0.0.0 in containers")
     p.set_defaults(func=_flower)
+
+
+def _start(args: argparse.Namespace) -> int:
+    from sluice.launcher import parse_concurrency, run, shutdown_patience_s
+
+    patience_s = args.patience if args.patience is not None else shutdown_patience_s(get_settings())
+    try:
+        concurrency = parse_concurrency(args.concurrency)
+        return run(args.procfile, patience_s, concurrency, port=args.port)
+    except (OSError, ValueError) as exc:
+        print(f"sluice start: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _add_start(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("start", help="run a Procfile's processes together (make run's launcher)",
+                       description="Start every process of a Procfile, as 'honcho start' does (honcho's own "
+                                   "Procfile parser and process manager, in the current directory), but stop them "
+                                   "as their drains need: on Ctrl-C or SIGTERM each process alone gets SIGTERM "
+                                   "(its children are its own to stop; each Procfile line execs its program), and "
+                                   "they may take the whole patience to exit before they are killed, not honcho's "
+                                   "5 s. Ctrl-C again kills them at once.")
+    p.add_argument("-f", "--procfile", type=Path, default=Path("Procfile"), help="the Procfile")
+    p.add_argument("-c", "--concurrency", default=None, metavar="TYPE=N,...",
+                   help="how many of each process type to run (default: one each)")
+    p.add_argument("-p", "--port", type=int, default=5000,
+                   help="the first $PORT handed to the processes (each type the next hundred)")
+    p.add_argument("--patience", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help="how long the processes may take to exit after the signal before SIGKILL (default: "
+                        "the longer of SLUICE_WORKER__DRAIN_TIMEOUT_S and SLUICE_FRONTEND__DRAIN_TIMEOUT_S, "
+                        "plus 20 s)")
+    p.set_defaults(func=_start)
 
 
 def _drain(args: argparse.Namespace) -> int:
@@ -336,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_router(sub)
     _add_bookkeeper(sub)
     _add_flower(sub)
+    _add_start(sub)
     _add_drain(sub)
     _add_status(sub)
     _add_prometheus_targets(sub)

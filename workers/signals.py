@@ -8,11 +8,16 @@
 * ``worker_shutting_down`` (SIGTERM: Celery's warm shutdown begins): drain. The load record says
   ``draining`` at once, so routers stop picking the worker; what runs finishes; a task that starts
   now is refused with ``worker_draining`` and its frontend moves it to another worker.
-* ``worker_shutdown``: abort what runs, deregister, stop the engine.
+* ``worker_shutdown``: abort what runs, deregister, stop the engine, then freeze the heap: the
+  interpreter's exit would otherwise run its last garbage collections over everything the engine
+  loaded (torch and vLLM's modules: 5 to 13 s of CPU on a loaded 2-core machine, measured), which
+  kept an idle vLLM worker alive well past the 5 s honcho gives it before SIGKILL. Nothing of that
+  heap is needed once the engine has stopped; the process exits right after.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -94,6 +99,7 @@ def _drain(**_: object) -> None:
 def _stop(**_: object) -> None:
     if RUNTIME.host is not None:
         RUNTIME.host.stop()
+        gc.freeze()
 
 
 def _die(message: str) -> None:

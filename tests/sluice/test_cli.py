@@ -10,7 +10,7 @@ import pytest
 
 from sluice import cli
 
-COMMANDS = ["serve", "worker", "router", "bookkeeper", "flower", "drain", "status", "prometheus-targets", "models", "keys",
+COMMANDS = ["serve", "worker", "router", "bookkeeper", "flower", "start", "drain", "status", "prometheus-targets", "models", "keys",
             "usage", "db", "observe", "dashboard"]
 
 
