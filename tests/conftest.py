@@ -53,12 +53,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if snapshot is None:
         return
     stop_everything()
-    me = psutil.Process()
-    own_helpers = {p.pid for p in me.children() if "multiprocessing.resource_tracker" in " ".join(_cmdline(p))}
-    procs = tagged_processes(snapshot.tag, exclude={me.pid, *own_helpers})
-    found = [str(d) for d in map(describe, procs) if d is not None]
-    end_processes(procs)
-    shm = orphaned_shm(snapshot.shm_before)
+    # Under pytest-xdist each worker checks the processes it started (they carry its own tag), and
+    # the controller, once the workers are gone, checks /dev/shm for the whole run.
+    xdist_controller = session.config.pluginmanager.get_plugin("dsession") is not None
+    xdist_worker = hasattr(session.config, "workerinput")
+    found: list[str] = []
+    if not xdist_controller:
+        me = psutil.Process()
+        own_helpers = {p.pid for p in me.children() if "multiprocessing.resource_tracker" in " ".join(_cmdline(p))}
+        procs = tagged_processes(snapshot.tag, exclude={me.pid, *own_helpers})
+        found = [str(d) for d in map(describe, procs) if d is not None]
+        end_processes(procs)
+    shm = [] if xdist_worker else orphaned_shm(snapshot.shm_before)
     for path in shm:
         path.unlink(missing_ok=True)
     if not found and not shm:

@@ -167,6 +167,7 @@ async def test_the_candidate_table_is_sent_once_then_named(counter: RoundTripCou
     assert (sends, d.worker_id, d.overlap_blocks) == (1, "w1", 10)
     assert counter.sent_bytes - before < 1500  # the prompt's chain and the request, not 64 workers' columns
     p.release("a")
+    await p.flush()  # the release's write goes now, not inside the count below
     await counter.client.delete(*stored)  # expired, or Redis restarted
     before = counter.sent_bytes
     sends, d = await counter.count(lambda: p.choose(req("b"), workers))
@@ -201,6 +202,7 @@ async def test_a_prepared_table_is_stored_before_the_first_decision(counter: Rou
     assert (sends, d.worker_id, d.overlap_blocks) == (1, "w1", 10)
     assert counter.sent_bytes - before < 1500  # the id, not 64 workers' columns
     p.release("a")
+    await p.flush()  # the release's write goes now, not inside the count below
     refreshed = [dataclasses.replace(w, load=dataclasses.replace(w.load, active_blocks=i % 3))  # new loads
                  for i, w in enumerate(workers)]
     await p.prepare("m", refreshed)
