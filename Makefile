@@ -129,12 +129,15 @@ endif
 ## Every test: unit, integration (private Redis), end to end (the stack as subprocesses), then the
 ## vLLM tests (engine, conformance suite, the stack on the real model) in the vLLM environment. Both
 ## suites run whatever the first gives; the last lines say how each ended, and make fails if either did.
+## The main suite runs in $(TEST_PROCESSES) pytest processes (pytest-xdist), a module's tests in one
+## of them (they share its fixtures); the vLLM suite in one, since each engine uses every core.
+TEST_PROCESSES ?= 2
 test: venv venv-vllm
 	./scripts/ensure_redis.sh
 	./scripts/ensure_postgres.sh
 	./scripts/ensure_prometheus.sh
 	@main=0; vllm=0; \
-	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm" || main=$$?; \
+	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm" -n $(TEST_PROCESSES) --dist loadfile || main=$$?; \
 	$(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm || vllm=$$?; \
 	echo "==> main suite: $$([ $$main = 0 ] && echo passed || echo "FAILED (pytest exit $$main)")"; \
 	echo "==> vLLM suite: $$([ $$vllm = 0 ] && echo passed || echo "FAILED (pytest exit $$vllm)")"; \
