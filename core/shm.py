@@ -34,9 +34,14 @@ class ShmEntries:
     @classmethod
     def held_by_descendants(cls, pid: int | None = None) -> ShmEntries:
         """The entries that the descendants of ``pid`` (default: this process) map or hold open."""
+        return cls.held_by(descendants(os.getpid() if pid is None else pid))
+
+    @classmethod
+    def held_by(cls, pids: list[int]) -> ShmEntries:
+        """The entries that any of ``pids`` maps or holds open."""
         inodes: set[int] = set()
-        for child in descendants(os.getpid() if pid is None else pid):
-            inodes |= held_inodes(child)
+        for pid in pids:
+            inodes |= held_inodes(pid)
         return cls(frozenset(e for e in entries() if e.inode in inodes))
 
     def remove_orphans(self) -> list[str]:

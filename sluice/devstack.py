@@ -50,6 +50,8 @@ from typing import Protocol
 import httpx
 import redis
 
+from core.shm import ShmEntries, descendants
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -297,19 +299,29 @@ class Processes:
         return proc
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Signal the process's group and wait for it to exit."""
+        """Signal the process's group and wait for it to exit. The /dev/shm segments its processes
+        held and nothing holds afterwards are removed (a killed vLLM engine leaves its message
+        queues' segments behind: what a crash leaves, not what the test looks at)."""
         proc = self.procs[name]
+        held = ShmEntries.held_by([proc.popen.pid, *descendants(proc.popen.pid)])
         os.killpg(proc.popen.pid, sig)
         proc.popen.wait(30)
+        if sig == signal.SIGKILL:
+            _wait_group_gone(proc.popen.pid, 10)
+            held.remove_orphans()
 
     def signal(self, name: str, sig: int) -> None:
         """Signal the process's group without waiting (SIGSTOP, SIGCONT)."""
         _signal_group(self.procs[name], sig)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM to each process alone, as a supervisor sends it (a Sluice process stops its own
+        children: a vLLM worker shuts its engine down, which then removes what it made); after
+        ``grace_s`` SIGKILL to the group of each one still running. What a group holds once its
+        leader exited gets SIGTERM, then SIGKILL."""
         for proc in self.procs.values():
             if proc.alive():
-                _signal_group(proc, signal.SIGTERM)
+                proc.popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for proc in self.procs.values():
             try:
@@ -317,8 +329,38 @@ class Processes:
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
                 proc.popen.wait(5)
+        for proc in self.procs.values():
+            if not _wait_group_gone(proc.popen.pid, 5):
+                _signal_group(proc, signal.SIGTERM)
+                if not _wait_group_gone(proc.popen.pid, 5):
+                    _signal_group(proc, signal.SIGKILL)
+                    _wait_group_gone(proc.popen.pid, 5)
         shutil.rmtree(self.workdir, ignore_errors=True)
         forget(self)
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> bool:
+    """Whether process group ``pgid`` has no process left (zombies aside) within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not _group_members(pgid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of group ``pgid``, from ``/proc/PID/stat``."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()  # state ppid pgrp ...
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            members.append(int(stat.parent.name))
+    return members
 
 
 def _signal_group(proc: Proc, sig: int) -> None:

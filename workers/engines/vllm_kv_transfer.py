@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig
 
-#: UCX on a machine without RDMA: loopback TCP and shared memory (shared/FACTS.md: agent creation
-#: fails with ``sm,self`` alone). Only defaults: an operator's own UCX settings win.
+#: UCX on a machine without RDMA: loopback TCP and shared memory (NIXL's agent creation fails with
+#: ``sm,self`` alone). Only defaults: an operator's own UCX settings win.
 _CPU_UCX_ENV = {"UCX_TLS": "tcp,sm,self", "UCX_NET_DEVICES": "lo"}
 
 
