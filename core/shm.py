@@ -2,10 +2,13 @@
 holds them, for cleaning up after processes that cannot clean up after themselves.
 
 vLLM's engine processes talk through message queues in ``/dev/shm`` segments (``psm_*``, one of
-160-250 MB each on CPU), which the process that made them removes when it shuts down cleanly; a
-process that is killed leaves them behind, and they hold memory until the machine restarts. A
-worker notes its engine's segments once the engine started (:meth:`ShmEntries.held_by_descendants`)
-and removes the ones nothing holds any more once the engine is gone (:meth:`ShmEntries.remove_orphans`).
+160-250 MB each on CPU), which the process that made them removes when it shuts down cleanly, and
+which Python's resource tracker of the worker removes when the worker exits. A process group that
+is SIGKILLed whole (the tracker with it) leaves them behind, holding memory until the machine
+restarts: the stack launcher (``sluice.devstack``) notes what a group holds before it kills it
+(:meth:`ShmEntries.held_by`) and removes what nothing holds afterwards
+(:meth:`ShmEntries.remove_orphans`); the test run's leak check (tests/support/leaks.py) lists what
+is left.
 
 Entries are known by inode as well as by name: a name may be reused by a new entry, and a POSIX
 semaphore is created under a temporary name and then linked to its own, so the mappings of a

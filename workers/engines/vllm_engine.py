@@ -73,8 +73,6 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
 from core.messages import LORA, STRUCTURED_OUTPUTS, FinishReason, SamplingParams, StructuredOutput, TokenLogprob, Usage
 from core.settings import VllmSettings
-from core.shm import SHM as SHM_DIR
-from core.shm import ShmEntries
 from router.registry import WorkerLoad
 from workers.engines.base import (
     Engine,
@@ -115,8 +113,6 @@ _SHUTDOWN_DRAIN_S = 5.0
 #: in its interpreter's teardown (vLLM unfreezes that heap first), and an idle worker's exit waited
 #: those 5 s, the whole of the patience honcho gives a process after Ctrl-C.
 _CPU_ENGINE_EXIT_S = 2.0
-#: How long ``shutdown`` waits for the engine's processes to let go of their /dev/shm segments.
-_SHM_RELEASE_S = 5.0
 #: The start-up request of :func:`_warm_logprobs`: two tokens (any ids of the vocabulary), shorter
 #: than a KV block, so that nothing enters the prefix cache and no KV event reaches the router.
 _WARMUP_PROMPT = (1, 16)
@@ -314,9 +310,6 @@ class VllmEngine(Engine):
         self.model_path = Path(model_path)
         self.settings = settings
         self._llm: AsyncLLM | None = None
-        #: The /dev/shm segments of vLLM's message queues, noted once its processes run: removed at
-        #: shutdown if they outlive those processes (a killed engine process leaves them behind).
-        self._shm = ShmEntries(frozenset())
         self._live: dict[str, _Live] = {}
         #: LoRA adapters loaded, by name, and the last id given to one.
         self._loras: dict[str, LoRARequest] = {}
@@ -348,7 +341,6 @@ class VllmEngine(Engine):
         except Exception as exc:
             self._subscriber.close()
             raise EngineStartError(f"vLLM could not load {self.model_path}: {type(exc).__name__}: {exc}") from exc
-        self._shm = ShmEntries.held_by_descendants()
         config = self._llm.vllm_config
         self.info = EngineInfo(
             model=self.model,
@@ -383,7 +375,6 @@ class VllmEngine(Engine):
                 await self._abort_all(self._llm)
             self._llm.shutdown(timeout=_CPU_ENGINE_EXIT_S if current_platform.is_cpu() else None)
             self._llm = None
-            await self._release_shm()
         for task in (self._kv_task, self._watchdog):
             if task is not None:
                 task.cancel()
@@ -392,20 +383,6 @@ class VllmEngine(Engine):
         if self._subscriber is not None:
             self._subscriber.close()
             self._subscriber = None
-
-    async def _release_shm(self) -> None:
-        """Remove the engine's /dev/shm segments that no process holds any more, waiting up to
-        :data:`_SHM_RELEASE_S` for its processes to exit; vLLM removes them itself on a clean exit."""
-        deadline = asyncio.get_running_loop().time() + _SHM_RELEASE_S
-        removed: list[str] = []
-        while True:
-            removed += self._shm.remove_orphans()
-            left = {e.name for e in self._shm.entries} - set(removed)
-            if not any((SHM_DIR / name).exists() for name in left) or asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(0.1)
-        if removed:
-            log.info("removed %d shared-memory segment(s) the engine left behind: %s", len(removed), ", ".join(removed))
 
     # ---- requests -------------------------------------------------------------------------------
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
