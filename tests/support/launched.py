@@ -30,9 +30,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from sluice.devstack import REPO, Proc, Processes, wait_until
+from tests.support.leaks import processes_with_env
 
 #: The environment variable each launched process carries, with a value of its launch's own (not
 #: ``SLUICE_``-prefixed: that namespace is the settings').
@@ -100,14 +99,8 @@ class Launched:
 
     def _marked(self) -> list[int]:
         """Processes whose environment carries this launch's marker."""
-        found = []
-        for p in psutil.process_iter():
-            try:
-                if p.environ().get(MARKER) == self.marker:
-                    found.append(p.pid)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return found
+        return [p.pid for p in processes_with_env(MARKER, self.marker)]
+
 
 def _kill_group(pgid: int) -> None:
     try:

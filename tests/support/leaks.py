@@ -51,14 +51,19 @@ class RunSnapshot:
 
 def tagged_processes(tag: str, exclude: set[int]) -> list[psutil.Process]:
     """Live processes (zombies aside) whose environment carries ``RUN_TAG_VAR=tag``."""
+    return processes_with_env(RUN_TAG_VAR, tag, exclude)
+
+
+def processes_with_env(var: str, value: str, exclude: set[int] | None = None) -> list[psutil.Process]:
+    """Live processes (zombies aside) whose environment has ``var=value``, but those in ``exclude``."""
     found = []
     for proc in psutil.process_iter(["pid"]):
-        if proc.pid in exclude:
+        if exclude and proc.pid in exclude:
             continue
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if proc.environ().get(RUN_TAG_VAR) == tag:
+            if proc.environ().get(var) == value:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
