@@ -61,7 +61,9 @@ def vllm_stack(redis_server) -> Iterator[Stack]:  # noqa: ANN001
 
 @pytest.fixture(scope="module")
 def client(vllm_stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{vllm_stack.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    # A request of 300 tokens decodes at a few tokens a second on a CPU shared with other work: the
+    # client waits as long as the test may (pytest's timeout ends a test that hangs).
+    return openai.OpenAI(base_url=f"{vllm_stack.base_url}/v1", api_key="unused", max_retries=0, timeout=600)
 
 
 def test_models_lists_the_model_with_its_context_length(client: openai.OpenAI) -> None:
@@ -114,6 +116,7 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
                          "city": {"type": "string", "enum": ["Paris", "London", "Rome"]}}}
 
 
+@pytest.mark.timeout(1200)  # three answers of up to 300 tokens, decoded on a busy CPU
 def test_structured_outputs_parse_and_validate(client: openai.OpenAI) -> None:
     """vLLM's structured-output backend on this CPU: a strict JSON schema, JSON, a choice and a regex."""
     import jsonschema
