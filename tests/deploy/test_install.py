@@ -10,6 +10,8 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from sluice.devstack import REPO
 
 #: The environment of a user's pip: no configuration file, no PIP_* variables.
@@ -17,9 +19,10 @@ PLAIN_PYPI = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")
 
 
 def _dry_run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=REPO, env=PLAIN_PYPI, capture_output=True, text=True, timeout=600)
+    return subprocess.run(argv, cwd=REPO, env=PLAIN_PYPI, capture_output=True, text=True, timeout=840)
 
 
+@pytest.mark.timeout(900)  # metadata of a few hundred packages from PyPI: 1-2 minutes, more on a busy machine
 def test_both_lock_files_resolve_from_pypi_alone() -> None:
     commands = {
         # `make venv`: the frontend, the mocker and the test tools
