@@ -23,6 +23,7 @@ import pytest
 
 from core.messages import FinishReason, SamplingParams
 from core.settings import MockerSettings
+from core.shm import SHM, ShmEntries
 from tests.support.kv_events import KvEventLog
 from tests.workers.vllm_support import VLLM_SKIP, start_vllm_engine
 from workers.engines.base import Engine, KvEventSink
@@ -74,6 +75,8 @@ ENGINES: dict[str, EngineSpec] = {
 class _Shared:
     case: EngineCase
     users: int = 0
+    #: The /dev/shm segments the engine's processes held once it started (see :func:`shut_down`).
+    shm: ShmEntries = field(default_factory=lambda: ShmEntries(frozenset()))
 
 
 _SHARED: dict[str, _Shared] = {}
@@ -92,6 +95,7 @@ async def shared_engine(name: str) -> AsyncIterator[EngineCase]:
             log = KvEventLog()
             started, expected = await ENGINES[name].start(log)
             shared = _SHARED[name] = _Shared(EngineCase(name, started, log, expected))
+            shared.shm = ShmEntries.held_by_descendants()
         shared.users += 1
     try:
         yield shared.case
@@ -100,7 +104,7 @@ async def shared_engine(name: str) -> AsyncIterator[EngineCase]:
             shared.users -= 1
             if shared.users == 0:
                 del _SHARED[name]
-                await shared.case.engine.shutdown()
+                await shut_down(shared.case.engine, shared.shm)
 
 
 _ENGINE_PARAMS = [pytest.param(name, marks=spec.marks) for name, spec in ENGINES.items()]
@@ -117,7 +121,22 @@ async def own_engine(request: pytest.FixtureRequest) -> AsyncIterator[EngineCase
     """A freshly started engine for this test alone (it may shut it down; shut down after it anyway)."""
     log = KvEventLog()
     started, expected = await ENGINES[request.param].start(log)
+    held = ShmEntries.held_by_descendants()
     try:
         yield EngineCase(request.param, started, log, expected)
     finally:
-        await started.shutdown()
+        await shut_down(started, held)
+
+
+async def shut_down(engine: Engine, held: ShmEntries) -> None:
+    """Shut ``engine`` down, then remove the /dev/shm segments its processes held (``held``, noted once it
+    started) that nothing holds any more. vLLM kills its engine processes past a deadline, leaving their
+    segments to the resource tracker of the process that started them: a worker's ends with the worker,
+    this test process's only when the session has ended, after the run's leak check."""
+    await engine.shutdown()
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        held.remove_orphans()
+        if not any((SHM / e.name).exists() for e in held.entries) or asyncio.get_running_loop().time() > deadline:
+            return
+        await asyncio.sleep(0.2)
