@@ -81,16 +81,32 @@ def entries() -> list[ShmEntry]:
     return found
 
 
-def descendants(pid: int) -> list[int]:
-    """The pids of ``pid``'s children, their children, and so on (``/proc/PID/stat``'s parent field)."""
-    children: dict[int, list[int]] = {}
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    state: str
+    ppid: int
+    pgid: int
+
+
+def process_table() -> list[ProcStat]:
+    """Every process now, from ``/proc/PID/stat`` (``pid (comm) state ppid pgrp ...``: comm may hold
+    spaces and parentheses, so the fields are split after its last ")")."""
+    table = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after the last ")"
-            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+            fields = stat.read_text().rpartition(")")[2].split()
+            table.append(ProcStat(int(stat.parent.name), fields[0], int(fields[1]), int(fields[2])))
         except (OSError, ValueError, IndexError):
             continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of ``pid``'s children, their children, and so on."""
+    children: dict[int, list[int]] = {}
+    for proc in process_table():
+        children.setdefault(proc.ppid, []).append(proc.pid)
     found, todo = [], list(children.get(pid, ()))
     while todo:
         child = todo.pop()

@@ -50,7 +50,7 @@ from typing import Protocol
 import httpx
 import redis
 
-from core.shm import ShmEntries, descendants
+from core.shm import ShmEntries, descendants, process_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -351,16 +351,8 @@ def _wait_group_gone(pgid: int, timeout: float) -> bool:
 
 
 def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of group ``pgid``, from ``/proc/PID/stat``."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()  # state ppid pgrp ...
-        except OSError:
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            members.append(int(stat.parent.name))
-    return members
+    """Live (not zombie) processes of group ``pgid``."""
+    return [p.pid for p in process_table() if p.pgid == pgid and p.state not in ("Z", "X")]
 
 
 def _signal_group(proc: Proc, sig: int) -> None:
