@@ -10,7 +10,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from router.registry import LiveWorker, WorkerLoad, WorkerRecord
+from router.registry import LiveWorker, Registry, WorkerLoad, WorkerRecord
 
 
 def make_record(worker_id: str, slot: int, *, model: str = "m", block_size: int = 4, kv_blocks: int = 1000,
@@ -66,3 +66,16 @@ async def wait_for(condition: Callable[[], Awaitable[Any]], timeout_s: float = 1
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout_s} s")
         await asyncio.sleep(interval_s)
+
+
+async def wait_lease_ended(registry: Registry, worker_id: str, timeout_s: float = 10.0) -> None:
+    """Wait until the worker's lease has ended by both of its clocks: the registry's listing (the expiry
+    the registering process computed) and the registration's own TTL, which Redis started a moment later
+    when it wrote the registration. The reaper spares a worker while its registration exists."""
+
+    async def ended() -> bool:
+        if worker_id not in await registry.expired_workers():
+            return False
+        return not await registry.client.exists(registry.keys.worker(worker_id))
+
+    await wait_for(ended, timeout_s)

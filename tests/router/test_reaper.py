@@ -16,7 +16,7 @@ from router.prefix_index import PURGE_CHUNK_BLOCKS, PrefixIndex, owner_tag
 from router.reaper import Reaped, Reaper, reap_dead_workers
 from router.registry import Registry, WorkerLoad, WorkerRecord
 from sluice.devstack import RedisServer
-from tests.router.factories import make_record, wait_for
+from tests.router.factories import make_record, wait_for, wait_lease_ended
 
 CHAIN = [11, 12, 13, 14]
 
@@ -33,7 +33,7 @@ async def test_expired_worker_is_purged_and_its_slot_comes_back_clean(registry: 
     await index.resync("dead", dead.slot, "m", CHAIN, 0)
     await index.resync("alive", alive.slot, "m", CHAIN[:2], 0)
 
-    await wait_for(registry.expired_workers)  # the lease runs out: no heartbeat came
+    await wait_lease_ended(registry, "dead")  # the lease runs out: no heartbeat came
     assert await reap_dead_workers(registry, index, grace_s=0) == ["dead"]
     assert await index.overlaps("m", CHAIN, [dead.slot, alive.slot]) == {dead.slot: 0, alive.slot: 2}
     assert await index.owners() == {alive.slot: "alive"}
@@ -49,7 +49,7 @@ async def test_expired_worker_is_purged_and_its_slot_comes_back_clean(registry: 
 async def test_slot_taken_before_the_reaper_ran(registry: Registry, index: PrefixIndex) -> None:
     dead = await _register(registry, "dead", ttl_s=0.3)
     await index.resync("dead", dead.slot, "m", CHAIN, 0)
-    await wait_for(registry.expired_workers)
+    await wait_lease_ended(registry, "dead")
     taker = await _register(registry, "taker", ttl_s=60)  # the registry hands out a slot whose lease ended
     assert taker.slot == dead.slot
     read = await index.read("m", [CHAIN], [taker.slot])
@@ -116,7 +116,7 @@ async def test_a_dead_workers_queue_goes_with_it(registry: Registry, index: Pref
     await index.resync("dead", dead.slot, "m", CHAIN, 0)
     _fill_queue(redis_client, keys, dead, messages=7)
     assert _queue_state(redis_client, keys, dead) == (7, True)
-    await wait_for(registry.expired_workers)
+    await wait_lease_ended(registry, "dead")
 
     (reaped,) = await Reaper(registry, index, grace_s=0).sweep()
     assert reaped == Reaped("dead", "done", blocks_cleared=len(CHAIN), messages_dropped=7, removed=True)
@@ -145,7 +145,7 @@ async def test_a_worker_back_under_its_name_keeps_its_queue(registry: Registry, 
     """The reaper read the worker as gone; the worker registers again before the reaper's deletion: the
     deletion checks the lease in the same atomic step, and spares it."""
     old = await _register_with_queue(registry, "w", ttl_s=0.3)
-    await wait_for(registry.expired_workers)
+    await wait_lease_ended(registry, "w")
     reaper = Reaper(registry, index, grace_s=0)
     assert "w" in await registry.expired_workers()  # what a sweep reads first...
 
@@ -189,7 +189,7 @@ async def test_reapers_racing_each_other(redis_server: RedisServer, registry: Re
     dead = await _register_with_queue(registry, "dead", ttl_s=0.3)
     await index.resync("dead", dead.slot, "m", list(range(1, blocks + 1)), 0)
     _fill_queue(redis_client, keys, dead, messages=11)
-    await wait_for(lambda: registry.expired_workers())
+    await wait_lease_ended(registry, "dead")
 
     clients = [aioredis.from_url(redis_server.url) for _ in range(4)]
     try:
@@ -228,7 +228,7 @@ async def test_a_namesake_in_another_namespace_is_never_touched(registry: Regist
         dead = await _register_with_queue(registry, "w", ttl_s=0.3)
         await index.resync("w", dead.slot, "m", CHAIN, 0)
         _fill_queue(redis_client, keys, dead, messages=5)
-        await wait_for(registry.expired_workers)
+        await wait_lease_ended(registry, "w")
         assert [r.messages_dropped for r in await Reaper(registry, index, grace_s=0).sweep()] == [5]
         assert _worker_keys(redis_client, keys, "w") == []
 
