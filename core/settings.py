@@ -82,7 +82,9 @@ class VllmSettings(BaseModel):
     #: CPU compute threads (OMP_NUM_THREADS of the engine core); unset: vLLM's own binding, one
     #: thread per physical core minus one. scripts/worker.sh sets cores / workers.
     omp_threads: int | None = Field(None, ge=1)
-    enforce_eager: bool = True
+    #: No CUDA graphs and no compilation. Unset: eager on CPU (start-up time), CUDA graphs on a GPU
+    #: (vLLM's own default: eager, vLLM's server did about a third of the requests per second on an H200).
+    enforce_eager: bool | None = None
     #: Prefill and decode pools (vLLM's NixlConnector): the address this worker's NIXL side channel
     #: listens on, which decode workers connect to (reachable from them), and its port (unset: a
     #: free one).

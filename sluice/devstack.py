@@ -298,14 +298,25 @@ class Processes:
         self.procs[name] = proc
         return proc
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+    def kill(self, name: str, sig: int = signal.SIGKILL, *, alone: bool = False) -> None:
         """Signal the process's group and wait for it to exit. The /dev/shm segments its processes
         held and nothing holds afterwards are removed (a killed vLLM engine leaves its message
-        queues' segments behind: what a crash leaves, not what the test looks at)."""
+        queues' segments behind: what a crash leaves, not what the test looks at).
+
+        ``alone``: signal the process only, as the OOM killer or ``kill -9 PID`` does; what it started
+        must end by itself within 30 s (AssertionError otherwise, after killing the rest)."""
         proc = self.procs[name]
         held = ShmEntries.held_by([proc.popen.pid, *descendants(proc.popen.pid)])
-        os.killpg(proc.popen.pid, sig)
-        proc.popen.wait(30)
+        if alone:
+            proc.popen.send_signal(sig)
+            proc.popen.wait(30)
+            if not _wait_group_gone(proc.popen.pid, 30):
+                left = _group_members(proc.popen.pid)
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+                raise AssertionError(f"{name}'s processes {left} outlived it")
+        else:
+            os.killpg(proc.popen.pid, sig)
+            proc.popen.wait(30)
         if sig == signal.SIGKILL:
             _wait_group_gone(proc.popen.pid, 10)
             held.remove_orphans()
@@ -424,8 +435,8 @@ class Stack:
             return self.ready_workers().get(model, 0) >= workers
         wait_until(check, timeout, f"{workers} live worker(s) of {model}")
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        self.processes.kill(name, sig)
+    def kill(self, name: str, sig: int = signal.SIGKILL, *, alone: bool = False) -> None:
+        self.processes.kill(name, sig, alone=alone)
 
     def signal(self, name: str, sig: int) -> None:
         self.processes.signal(name, sig)

@@ -1,6 +1,7 @@
 """Request migration on the real model: two aggregated vLLM workers; the one serving a greedy stream
 is SIGKILLed mid-stream, and the stream continues on the other, its text equal to the same request's
-uninterrupted text.
+uninterrupted text. The signal reaches the worker process alone, as the OOM killer's does: the vLLM
+engine core it started ends by itself (workers/engines/die_with_worker.py).
 
 Run in the vLLM environment: ``.venv-vllm/bin/python -m pytest -m vllm tests/e2e/test_vllm_migration.py``.
 """
@@ -50,7 +51,7 @@ def test_a_killed_vllm_worker_s_stream_continues_on_the_other_with_the_same_text
     reference = list(_stream(client, "a2"))
     it = iter(_stream(client, "a1"))
     head = [next(it) for _ in range(10)]
-    pair.kill("a1")
+    pair.kill("a1", alone=True)  # the worker process only: its engine core must end by itself
     moved = [*head, *it]
 
     def text(chunks: list) -> str:

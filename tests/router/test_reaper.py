@@ -16,7 +16,7 @@ from router.prefix_index import PURGE_CHUNK_BLOCKS, PrefixIndex, owner_tag
 from router.reaper import Reaped, Reaper, reap_dead_workers
 from router.registry import Registry, WorkerLoad, WorkerRecord
 from sluice.devstack import RedisServer
-from tests.router.factories import make_record, wait_for, wait_lease_ended
+from tests.router.factories import make_record, wait_lease_ended
 
 CHAIN = [11, 12, 13, 14]
 

@@ -72,7 +72,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
 from core.messages import LORA, STRUCTURED_OUTPUTS, FinishReason, SamplingParams, StructuredOutput, TokenLogprob, Usage
-from core.settings import VllmSettings
+from core.settings import VllmSettings, get_settings
 from router.registry import WorkerLoad
 from workers.engines.base import (
     Engine,
@@ -86,6 +86,7 @@ from workers.engines.base import (
     emit_kv_events,
     emit_step,
 )
+from workers.engines.die_with_worker import children_die_with_this_thread
 from workers.engines.vllm_kv_events import KvEventFeed, KvEventTranslator
 from workers.engines.vllm_kv_subscriber import KvEventSubscriber
 from workers.engines.vllm_kv_transfer import (
@@ -264,7 +265,7 @@ def engine_args(model_path: Path, settings: VllmSettings, kv_endpoint: str,
         enable_prefix_caching=True,
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
-        enforce_eager=settings.enforce_eager,
+        enforce_eager=on_cpu if settings.enforce_eager is None else settings.enforce_eager,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         kv_cache_memory_bytes=int(settings.kv_cache_gib * _GIB) if on_cpu else None,
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic="kv"),
@@ -334,10 +335,12 @@ class VllmEngine(Engine):
             configure_environment(self.transfer, current_platform.is_cpu())
         self._subscriber = KvEventSubscriber()
         try:
-            self._llm = AsyncLLM.from_engine_args(
-                engine_args(self.model_path, self.settings, self._subscriber.endpoint, self.transfer),
-                stat_loggers=[recorder_factory(self.counters, self._report_step)],
-            )
+            # The engine core is a child process: it ends with this thread, killed or not.
+            with children_die_with_this_thread(get_settings().cache_dir):
+                self._llm = AsyncLLM.from_engine_args(
+                    engine_args(self.model_path, self.settings, self._subscriber.endpoint, self.transfer),
+                    stat_loggers=[recorder_factory(self.counters, self._report_step)],
+                )
         except Exception as exc:
             self._subscriber.close()
             raise EngineStartError(f"vLLM could not load {self.model_path}: {type(exc).__name__}: {exc}") from exc
