@@ -36,7 +36,9 @@ def pd(redis_server) -> Iterator[Stack]:  # noqa: ANN001
     s = Stack(redis_url=redis_server.url, namespace=f"vpd{uuid.uuid4().hex[:8]}", model_path=smollm2_weights_dir(),
               env_extra={"SLUICE_ENGINE": "vllm", "SLUICE_WORKER__VLLM__MAX_NUM_SEQS": "4",
                          "SLUICE_WORKER__VLLM__KV_CACHE_GIB": "0.5", "SLUICE_WORKER__VLLM__OMP_THREADS": "1",
-                         "SLUICE_DISAGG__MIN_TOKENS": "512", "SLUICE_DISAGG__KV_HOLD_S": "20",
+                         # The prefill worker holds the blocks until the decode worker read them,
+                         # or this long: a loaded machine's decode worker may start a read late.
+                         "SLUICE_DISAGG__MIN_TOKENS": "512", "SLUICE_DISAGG__KV_HOLD_S": "60",
                          # A prefill here takes tens of seconds on one thread, and the frontend's
                          # stall clock still counts a prefill as silence.
                          "SLUICE_FRONTEND__STALL_TIMEOUT_S": "240"})
@@ -49,6 +51,11 @@ def pd(redis_server) -> Iterator[Stack]:  # noqa: ANN001
         yield s
     finally:
         s.stop()
+
+
+def _logs(stack: Stack, what: object, *names: str) -> str:
+    """``what``, then the last lines each named process logged (what a failed assertion shows)."""
+    return "\n".join([str(what), *(f"--- {n}:\n{stack.processes.procs[n].tail(60)}" for n in names)])
 
 
 @pytest.fixture
@@ -86,7 +93,7 @@ def test_greedy_output_is_identical_and_the_decode_worker_reads_the_prompt(pd: S
     assert usage["prompt_tokens"] >= 1500 and usage["completion_tokens"] == 16
     assert final is not None and final.usage is not None
     # vLLM on the decode worker computed no prompt token: all of them came over NIXL.
-    assert final.usage.transferred_tokens == usage["prompt_tokens"], final.usage
+    assert final.usage.transferred_tokens == usage["prompt_tokens"], _logs(pd, final.usage, "p1", "d1")
     assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "transferred_tokens": usage["prompt_tokens"]}
     wait_until(lambda: counter(pd, "sluice_transferred_tokens_total") == usage["prompt_tokens"], 10,
                "the frontend to count the transferred tokens")
