@@ -1,8 +1,9 @@
 """The frontend's token streams: ONE pub/sub connection per process, subscribed once.
 
 Every request of this process names the process's token channel as its reply channel; workers
-publish msgpack :class:`~core.messages.TokenDelta` there and the reader task hands each one to
-its request's :class:`RequestStream`. Subscribing once, at start-up, means no per-request
+publish msgpack :class:`~core.messages.TokenDelta` there (several in one message: all a worker
+had for this process in one engine step) and the reader task hands each one to its request's
+:class:`RequestStream`. Subscribing once, at start-up, means no per-request
 subscribe round trip and no race between subscribing and the first token.
 
 Failures are delivered, never swallowed: a sequence gap, a lost connection (messages may have
@@ -20,7 +21,7 @@ from collections.abc import Iterable
 import redis.asyncio as aioredis
 
 from core.loops import BackgroundLoop, Backoff
-from core.messages import ErrorInfo, TokenDelta, decode_delta
+from core.messages import ErrorInfo, TokenDelta, decode_deltas
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +160,11 @@ class StreamHub:
             if message is None or message["type"] != "message":
                 continue
             try:
-                delta = decode_delta(message["data"])
+                deltas = decode_deltas(message["data"])
             except Exception:  # noqa: BLE001 - a malformed message must not kill the reader
                 log.exception("undecodable token delta")
                 continue
-            stream = streams.get(delta.request_id)
-            if stream is not None:
-                stream._push(delta)
+            for delta in deltas:  # a worker's engine step: every delta it had for this process
+                stream = streams.get(delta.request_id)
+                if stream is not None:
+                    stream._push(delta)

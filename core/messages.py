@@ -172,12 +172,37 @@ _delta_decoder = msgspec.msgpack.Decoder(TokenDelta)
 _control_decoder = msgspec.msgpack.Decoder(ControlCommand)
 
 
+_deltas_decoder = msgspec.msgpack.Decoder(list[TokenDelta])
+
+
 def encode_delta(delta: TokenDelta) -> bytes:
     return _delta_encoder.encode(delta)
 
 
 def decode_delta(data: bytes) -> TokenDelta:
     return _delta_decoder.decode(data)
+
+
+def join_deltas(encoded: list[bytes]) -> bytes:
+    """One message carrying several encoded deltas, in order: a msgpack array of them, built from
+    their bytes without decoding (:func:`decode_deltas` reads it)."""
+    n = len(encoded)
+    if n < 16:
+        header = bytes((0x90 | n,))
+    elif n < 1 << 16:
+        header = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        header = b"\xdd" + n.to_bytes(4, "big")
+    return header + b"".join(encoded)
+
+
+def decode_deltas(data: bytes) -> list[TokenDelta]:
+    """The deltas of one token-channel message: a single delta (a msgpack map), or several
+    (:func:`join_deltas`)."""
+    first = data[0] if data else 0
+    if 0x90 <= first <= 0x9F or first in (0xDC, 0xDD):
+        return _deltas_decoder.decode(data)
+    return [_delta_decoder.decode(data)]
 
 
 def encode_control(cmd: ControlCommand) -> bytes:

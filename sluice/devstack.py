@@ -448,15 +448,15 @@ class Stack:
 def final_delta(watcher: redis.client.PubSub, request_id: str, timeout: float = 10):  # noqa: ANN201
     """The last token delta a worker published for ``request_id``, read from ``watcher`` (a pub/sub
     client psubscribed to the namespace's token channels); None if none came within ``timeout``."""
-    from core.messages import decode_delta
+    from core.messages import decode_deltas
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         msg = watcher.get_message(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
         if msg and msg["type"] == "pmessage":
-            delta = decode_delta(msg["data"])
-            if delta.request_id == request_id and delta.is_last:
-                return delta
+            for delta in decode_deltas(msg["data"]):
+                if delta.request_id == request_id and delta.is_last:
+                    return delta
     return None
 
 

@@ -25,7 +25,7 @@ import redis
 import redis.asyncio as aioredis
 
 from core.keys import Keys, broker_binding_member
-from core.messages import GenerateRequest, SamplingParams, decode_delta, request_to_builtins
+from core.messages import GenerateRequest, SamplingParams, decode_deltas, request_to_builtins
 from core.wire import GENERATE_TASK, task_message
 from router.prefix_index import PrefixIndex
 from router.reaper import Reaper
@@ -121,7 +121,7 @@ def _replies(watcher: redis.client.PubSub) -> set[str]:
     seen = set()
     while (msg := watcher.get_message(timeout=0.2)) is not None:
         if msg["type"] == "message":
-            seen.add(decode_delta(msg["data"]).request_id)
+            seen.update(d.request_id for d in decode_deltas(msg["data"]))
     return seen
 
 

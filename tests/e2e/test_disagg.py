@@ -167,10 +167,10 @@ def test_a_client_that_leaves_during_the_prefill_cancels_it_on_the_prefill_worke
             if msg is None:
                 break
             if msg["type"] == "pmessage":
-                from core.messages import decode_delta
-                delta = decode_delta(msg["data"])
-                if delta.is_last:
-                    final = delta
+                from core.messages import decode_deltas
+                for delta in decode_deltas(msg["data"]):
+                    if delta.is_last:
+                        final = delta
         assert final is not None and final.finish_reason == "abort" and final.worker_id == "p1"
         keys = Keys(s.namespace)
         assert r.llen(keys.broker_queue_list(keys.worker_queue("d1"))) == 0, "a decode task was pushed for a cancelled request"

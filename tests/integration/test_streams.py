@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from app.streams import StreamHub
 from core.keys import Keys
-from core.messages import TokenDelta, Usage, encode_delta
+from core.messages import TokenDelta, Usage, decode_deltas, encode_delta
 from workers.publisher import DeltaPublisher
 
 
@@ -132,3 +132,30 @@ async def test_a_lost_connection_fails_the_streams_in_flight_and_the_hub_resubsc
     await hub.close()
     await frontend.aclose()
     await worker.aclose()
+
+
+async def test_an_engine_steps_deltas_for_one_frontend_go_as_one_message(clients, namespace) -> None:  # noqa: ANN001
+    """Twenty requests' tokens of one engine-loop turn: one PUBLISH to their frontend's channel (and
+    one pub/sub message for it to read), the requests' streams as if each had been sent alone."""
+    frontend, worker = clients
+    hub = StreamHub(frontend, f"sluice:{namespace}:tok:f7")
+    await hub.start()
+    raw = frontend.pubsub(ignore_subscribe_messages=True)
+    await raw.subscribe(hub.channel)
+    pub = DeltaPublisher(worker, Keys(namespace))
+    pub.start()
+    streams = {f"r{i}": hub.open(f"r{i}", "w") for i in range(20)}
+    for rid in streams:  # one turn: nothing awaited in between
+        pub.publish(hub.channel, encode_delta(TokenDelta(rid, 0, [7], finish_reason="stop")))
+    for stream in streams.values():
+        assert [(d.seq, d.token_ids) for d in await drain(stream)] == [(0, [7])]
+    messages = []
+    async with asyncio.timeout(5):
+        while len(messages) < 1:
+            if (message := await raw.get_message(timeout=1)) is not None:
+                messages.append(message)
+    assert await raw.get_message(timeout=0.2) is None  # and no other
+    assert len(decode_deltas(messages[0]["data"])) == 20
+    await raw.aclose()
+    await pub.close()
+    await hub.close()
