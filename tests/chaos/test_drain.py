@@ -14,11 +14,17 @@ import httpx
 from sluice.devstack import wait_until
 from tests.chaos.support import MODEL, chat_stream, client_of, migrations, own_stack, running, text_of
 
+#: Long enough that the streams outlast the drain's start (a ``sluice drain`` process on a loaded
+#: machine takes seconds to start) plus its 1 s deadline by far: 600 tokens were not, once.
+STREAM_TOKENS = 1800
+
 
 def _drain_and_check(s, stop) -> None:  # noqa: ANN001
     client = client_of(s)
-    reference = [text_of(chat_stream(client, 600, f"story {i}", worker="w2")) for i in range(4)]
-    streams = [iter(chat_stream(client, 600, f"story {i}", worker="w1")) for i in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        reference = list(pool.map(
+            lambda i: text_of(chat_stream(client, STREAM_TOKENS, f"story {i}", worker="w2")), range(4)))
+    streams = [iter(chat_stream(client, STREAM_TOKENS, f"story {i}", worker="w1")) for i in range(4)]
     heads = [[next(it)] for it in streams]
     stop()
     # Out of routing at once: new requests go to w2.
