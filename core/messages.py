@@ -179,10 +179,6 @@ def encode_delta(delta: TokenDelta) -> bytes:
     return _delta_encoder.encode(delta)
 
 
-def decode_delta(data: bytes) -> TokenDelta:
-    return _delta_decoder.decode(data)
-
-
 def join_deltas(encoded: list[bytes]) -> bytes:
     """One message carrying several encoded deltas, in order: a msgpack array of them, built from
     their bytes without decoding (:func:`decode_deltas` reads it)."""

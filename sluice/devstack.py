@@ -317,8 +317,9 @@ class Processes:
         else:
             os.killpg(proc.popen.pid, sig)
             proc.popen.wait(30)
+            if sig == signal.SIGKILL:
+                _wait_group_gone(proc.popen.pid, 10)
         if sig == signal.SIGKILL:
-            _wait_group_gone(proc.popen.pid, 10)
             held.remove_orphans()
 
     def signal(self, name: str, sig: int) -> None:
