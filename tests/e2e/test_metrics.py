@@ -99,9 +99,9 @@ def test_each_worker_serves_its_own_metrics(stack: Stack, traffic: None) -> None
 
 def test_the_frontend_reports_latency_tokens_routing_and_queues(stack: Stack, traffic: None) -> None:
     m = scrape(f"{stack.base_url}/metrics")
-    # Three streams of 12 tokens and a request of 4: up to 11 and 3 gaps, fewer where tokens arrived
-    # together (one observation for them all, which a loaded machine makes more frequent).
-    assert 3 <= value(m, "sluice_inter_token_latency_seconds_count", model=MODEL) <= 3 * 11 + 3
+    # At least one gap per stream of the traffic: tokens that arrive together share one observation
+    # (a loaded machine makes that more frequent), and the module's other tests add their own.
+    assert value(m, "sluice_inter_token_latency_seconds_count", model=MODEL) >= 3
     assert value(m, "sluice_request_queue_time_seconds_count", model=MODEL) >= 4
     assert value(m, "sluice_input_tokens_total", model=MODEL) > 0
     assert value(m, "sluice_cached_tokens_total", model=MODEL) >= 16
