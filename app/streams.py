@@ -79,7 +79,8 @@ class RequestStream:
         """
         if not self._items:
             self._ready.clear()
-            await asyncio.wait_for(self._ready.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: no task per wait, and a cancel is never lost
+                await self._ready.wait()
         batch = list(self._items)
         self._items.clear()
         return batch
