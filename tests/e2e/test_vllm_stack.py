@@ -34,9 +34,10 @@ pytestmark = [pytest.mark.vllm, VLLM_SKIP]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 #: The context this stack serves (SmolLM2's is 8,192): its longest prompt takes a quarter of the
-#: prefill time, and still far longer than the stall clock.
+#: prefill time (20 s or more here), still far longer than the stall clock.
 CONTEXT_LENGTH = 4096
-STALL_TIMEOUT_S = 5
+#: Shorter than that prefill, and long enough for a decode step on a machine busy with other work.
+STALL_TIMEOUT_S = 10
 #: vLLM loads in about a minute on an idle 2-core machine; leave room for a busy one.
 START_TIMEOUT_S = 300
 WORKER = "vllm-1"
@@ -121,7 +122,7 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
                          "city": {"type": "string", "enum": ["Paris", "London", "Rome"]}}}
 
 
-@pytest.mark.timeout(1200)  # three answers of up to 300 tokens, decoded on a busy CPU
+@pytest.mark.timeout(1200)  # two answers of up to 300 tokens, decoded on a busy CPU
 def test_structured_outputs_parse_and_validate(client: openai.OpenAI) -> None:
     """vLLM's structured-output backend on this CPU: a strict JSON schema, JSON, a choice and a regex."""
     import jsonschema
@@ -136,7 +137,8 @@ def test_structured_outputs_parse_and_validate(client: openai.OpenAI) -> None:
         model=MODEL, messages=ask, max_tokens=300, temperature=0, stream=True,
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}) if c.choices)
     jsonschema.validate(json.loads(streamed), PERSON)
-    obj = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=300, temperature=0,
+    # Any JSON object: the small model may go on for hundreds of tokens, so a cut answer is allowed.
+    obj = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=48, temperature=0,
                                          response_format={"type": "json_object"})
     if obj.choices[0].finish_reason == "stop":  # JSON, if the model closed it within the budget
         assert isinstance(json.loads(obj.choices[0].message.content), dict)
@@ -307,7 +309,7 @@ def _longest_prompt(tokenizer_json: Path, salt: str) -> list[int]:
 
 
 def test_the_longest_prompt_the_model_accepts_succeeds_streamed_and_not(vllm_stack: Stack) -> None:
-    """4,095 prompt tokens on this CPU take far longer than the stall clock (5 s here) to prefill:
+    """4,095 prompt tokens on this CPU take far longer than the stall clock (STALL_TIMEOUT_S) to prefill:
     the worker is alive and computing, so the frontend waits for the first token."""
     tokenizer = smollm2_weights_dir() / "tokenizer.json"
     url = f"{vllm_stack.base_url}/v1/completions"
