@@ -184,11 +184,14 @@ bench-router: venv
 	$(BIN)/python -m bench.scale_bench
 	$(MAKE) bench-dynamo
 
-## Sluice's kv routing against NVIDIA Dynamo 1.6.1's (the anchor in ../shared/anchors/dynamo, installed
-## once with `dynamo.sh install`) in real time, 4 mocker workers each, shared-prefix and multi-turn
-## workloads under KV pressure, plus Sluice's round_robin and least_loaded. About 10 minutes.
+## Against NVIDIA Dynamo 1.6.1 (the anchor in ../shared/anchors/dynamo, installed once with
+## `dynamo.sh install`): first the request plane's overhead (both frontends over two mockers that do
+## not sleep, streaming chat at c=1 and c=32, two alternating rounds, CPU per process; bench/results/
+## frontend.json), then routing in real time (4 mocker workers each, shared-prefix and multi-turn
+## workloads under KV pressure, plus Sluice's round_robin and least_loaded). About 15 minutes.
 bench-dynamo: venv
 	./scripts/ensure_redis.sh
+	$(BIN)/python -m bench.frontend_bench --dynamo --rounds 2 --concurrency 1 32 --task-events on --requests 2000
 	$(BIN)/python -m bench.dynamo_compare
 
 ## Reliability: a worker SIGKILLed mid-stream (migration cost, token-exact), 2,000 concurrent streams

@@ -5,18 +5,21 @@ then drives streaming chat completions (~24 prompt tokens, 16 output tokens) at 
 and 256: requests/s, streamed tokens/s, TTFT and inter-token latency p50/p99, and CPU seconds per
 request of the frontend process and of the whole platform (frontend + workers + Redis).
 With ``--dynamo`` it runs the same load against NVIDIA Dynamo (the anchor in shared/anchors, if
-installed) in the same run and reports ratios. Prints a table; writes bench/results/frontend.json.
+installed) in the same run and reports ratios; ``--rounds N`` measures every system N times at each
+level, alternating which goes first (both stay up meanwhile). Prints a table; writes bench/results/frontend.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -33,6 +36,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 WORDS = ("river stone cloud garden lantern music paper window orange silver forest candle bridge "
          "winter mountain harbor").split()
 MODEL = "smollm2"
+DYNAMO_URL = "http://127.0.0.1:8100"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A running system to measure: its endpoint, the frontend's processes and all of its processes."""
+
+    url: str
+    front_pids: list[int]
+    pids: list[int]
+    model: str
 
 
 def chat_body(i: int, model: str = MODEL) -> dict:
@@ -115,61 +129,61 @@ def main() -> None:
     ap.add_argument("--router", default="kv", help="Sluice's routing mode (Dynamo's anchor routes with its KV router)")
     ap.add_argument("--dynamo", action="store_true", help="also measure the Dynamo anchor (if installed)")
     ap.add_argument("--anchor", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "anchors" / "dynamo")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every system this many times at each level, alternating their order")
     args = ap.parse_args()
     console = Console(width=200)
-    results: dict[str, list[dict]] = {}
     variants = {"on": [True], "off": [False], "both": [True, False]}[args.task_events]
-    for events in variants:
-        system = "sluice" if events else "sluice (no task events)"
-        results[system] = []
-        redis, stack = sluice_stack(args.workers, events, args.router)
-        try:
+    levels = [(c, args.requests or max(300, min(3000, c * 20))) for c in args.concurrency]
+    results: dict[str, list[dict]] = {}
+    with contextlib.ExitStack() as running:
+        targets: dict[str, Target] = {}
+        for events in variants:
+            redis, stack = sluice_stack(args.workers, events, args.router)
+            running.callback(redis.stop)
+            running.callback(stack.stop)
             front = [stack.procs["frontend"].popen.pid]
             workers = [p.popen.pid for n, p in stack.procs.items() if n != "frontend"]
-            pids = front + workers + ([redis.proc.pid] if redis.proc else [])
-            url = f"{stack.base_url}/v1/chat/completions"
-            for c in args.concurrency:
-                n = args.requests or max(300, min(3000, c * 20))
-                console.print(f"{system}: concurrency {c}, {n} requests...")
-                results[system].append(asyncio.run(measure(url, c, n, front, pids, MODEL)))
-        finally:
-            stack.stop()
-            redis.stop()
-
-    if args.dynamo:
-        started = dynamo_start(args.anchor)
-        if started is None:
-            console.print("[yellow]Dynamo anchor not installed or did not start; skipped[/]")
-        else:
-            front_pid, dpids = started
-            try:
-                httpx.get("http://127.0.0.1:8100/v1/models", timeout=10)
-                results["dynamo"] = []
-                for c in args.concurrency:
-                    n = args.requests or max(300, min(3000, c * 20))
-                    console.print(f"dynamo: concurrency {c}, {n} requests...")
-                    results["dynamo"].append(asyncio.run(measure(
-                        "http://127.0.0.1:8100/v1/chat/completions", c, n, [front_pid], dpids, "smollm2")))
-            finally:
-                subprocess.run(["bash", str(args.anchor / "dynamo.sh"), "stop"], capture_output=True)
+            targets["sluice" if events else "sluice (no task events)"] = Target(
+                f"{stack.base_url}/v1/chat/completions", front, front + workers + ([redis.proc.pid] if redis.proc else []),
+                MODEL)
+        if args.dynamo:
+            started = dynamo_start(args.anchor)
+            if started is None:
+                console.print("[yellow]Dynamo anchor not installed or did not start; skipped[/]")
+            else:
+                running.callback(subprocess.run, ["bash", str(args.anchor / "dynamo.sh"), "stop"], capture_output=True)
+                front_pid, dpids = started
+                httpx.get(f"{DYNAMO_URL}/v1/models", timeout=10)
+                targets["dynamo"] = Target(f"{DYNAMO_URL}/v1/chat/completions", [front_pid], dpids, "smollm2")
+        results = {name: [] for name in targets}
+        for round_no in range(1, args.rounds + 1):
+            order = list(targets) if round_no % 2 else list(reversed(targets))
+            for c, n in levels:
+                for name in order:
+                    console.print(f"round {round_no}, {name}: concurrency {c}, {n} requests...")
+                    t = targets[name]
+                    row = asyncio.run(measure(t.url, c, n, t.front_pids, t.pids, t.model))
+                    results[name].append({"round": round_no, **row})
 
     table = Table(title="Sluice frontend + platform (mocker, no sleep, ~24-token prompts, 16 tokens, streaming)")
-    for col in ("system", "conc", "req/s", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
+    for col in ("system", "round", "conc", "req/s", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
                 "frontend CPU ms/req", "platform CPU ms/req", "errors"):
         table.add_column(col, justify="right")
     for system, rows in results.items():
         for r in rows:
             f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
-            table.add_row(system, str(r["concurrency"]), f(r["req_per_s"], 1), f(r["tokens_per_s"], 0),
+            table.add_row(system, str(r["round"]), str(r["concurrency"]), f(r["req_per_s"], 1), f(r["tokens_per_s"], 0),
                           f(r["ttft_ms_p50"]), f(r["ttft_ms_p99"]), f(r["itl_ms_p50"], 3), f(r["itl_ms_p99"], 3),
                           f(r["frontend_cpu_ms_per_req"]), f(r["platform_cpu_ms_per_req"]), str(r["errors"]))
     console.print(table)
-    if "dynamo" in results:
-        for s_row, d_row in zip(results[next(iter(results))], results["dynamo"], strict=False):
+    if "dynamo" in results and len(results) > 1:
+        for s_row, d_row in zip(results[next(iter(results))], results["dynamo"], strict=True):
             ratio = {k: (s_row[k] / d_row[k]) if s_row.get(k) and d_row.get(k) else None
                      for k in ("req_per_s", "ttft_ms_p50", "frontend_cpu_ms_per_req", "platform_cpu_ms_per_req")}
             s_row["vs_dynamo"] = ratio
-            console.print(f"conc {s_row['concurrency']}: sluice/dynamo ratios {ratio}")
+            shown = ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None)
+            console.print(f"round {s_row['round']}, conc {s_row['concurrency']}: sluice/dynamo {shown}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "frontend.json"
     out.write_text(json.dumps({"time": time.time(), "results": results}, indent=2))
