@@ -75,10 +75,15 @@ def write_config(cfg: ObserveConfig, directory: Path) -> Path:
 
 
 def run(cfg: ObserveConfig, listen: str, data_dir: Path | None) -> int:
-    """Write the configuration and replace this process with Prometheus (Ctrl-C stops it)."""
-    workdir = Path(tempfile.mkdtemp(prefix="sluice-observe-"))
-    config_file = write_config(cfg, workdir)
-    data = data_dir or workdir / "data"
+    """Write the configuration and replace this process with Prometheus (Ctrl-C stops it).
+
+    The configuration is written into the data directory (Prometheus leaves files it does not know
+    there alone), so that one directory holds all this command leaves: ``data_dir``, or a new
+    temporary directory when none is given."""
+    prometheus_binary()  # no Prometheus: fail before anything is written
+    data = data_dir or Path(tempfile.mkdtemp(prefix="sluice-observe-"))
+    data.mkdir(parents=True, exist_ok=True)
+    config_file = write_config(cfg, data)
     argv = prometheus_argv(config_file, data, listen)
     print(f"Prometheus on http://{listen} scraping the stack behind {cfg.frontend_url} (config {config_file})",
           file=sys.stderr, flush=True)

@@ -45,7 +45,7 @@ def add_observe_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--flower", default="http://127.0.0.1:5555", help="Flower's base URL ('' for none)")
     p.add_argument("--listen", default="127.0.0.1:9090", help="Prometheus' own address")
     p.add_argument("--scrape-interval", type=float, default=5.0, help="seconds between scrapes")
-    p.add_argument("--data-dir", type=Path, default=None, help="where Prometheus keeps its data (default: a temp dir)")
+    p.add_argument("--data-dir", type=Path, default=None, help="where Prometheus keeps its data and its configuration (default: a new temp dir)")
     p.set_defaults(func=_observe)
     p = sub.add_parser("dashboard", help="print the Grafana dashboard JSON (docker/grafana/sluice.json)",
                        description="The Grafana dashboard, built from sluice/dashboard.py.")
