@@ -2,7 +2,8 @@
 
 SmolLM2-135M-Instruct (weights prepared once into the user cache) on vLLM's CPU build, behind the
 frontend, Celery and Redis, asked through the ``openai`` client. One worker serves the module
-(vLLM starts in about a minute on CPU); the last test kills its engine, so it stays last.
+(vLLM starts in about a minute on CPU). Near the end a second worker joins for the migration test,
+which kills it; the last test kills the first one's engine, so it stays last.
 
 Run in the vLLM environment: ``.venv-vllm/bin/python -m pytest -m vllm tests/e2e/test_vllm_stack.py``.
 """
@@ -461,6 +462,37 @@ def test_the_vllm_worker_serves_its_metrics_found_through_the_discovery(vllm_sta
     measured_ms = 1000 * sample("sluice_worker_step_duration_seconds_sum", phase="decode") / \
         sample("sluice_worker_step_duration_seconds_count", phase="decode")
     assert 0.5 < timing.decode_ms(float(load["active_blocks"]) / float(load["total_blocks"])) / measured_ms < 2
+
+
+def _story(client: openai.OpenAI, worker: str) -> openai.Stream:
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+        max_tokens=80, temperature=0, stream=True, extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True}, extra_headers={"x-sluice-router": f"worker_id={worker}"})
+
+
+def test_a_killed_worker_s_stream_continues_on_the_other_with_the_same_text(
+        vllm_stack: Stack, client: openai.OpenAI) -> None:
+    """Migration on the real model: a second worker joins, the one serving a greedy stream is
+    SIGKILLed mid-stream, and the stream continues on the module's worker, its text equal to that
+    worker's uninterrupted text. The signal reaches the worker process alone, as the OOM killer's
+    does: the vLLM engine core it started ends by itself (workers/engines/die_with_worker.py)."""
+    vllm_stack.start_worker("vllm-2")
+    vllm_stack.wait_ready(MODEL, workers=2, timeout=START_TIMEOUT_S)
+    reference = list(_story(client, WORKER))
+    it = iter(_story(client, "vllm-2"))
+    head = [next(it) for _ in range(10)]
+    vllm_stack.kill("vllm-2", alone=True)  # the worker process only: its engine core must end by itself
+    moved = [*head, *it]
+
+    def text(chunks: list) -> str:
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    assert text(moved) == text(reference)
+    usage = [c.usage for c in moved if c.usage is not None]
+    assert len(usage) == 1 and usage[0].completion_tokens == 80
+    assert usage[0].prompt_tokens == next(c.usage for c in reference if c.usage is not None).prompt_tokens
+    wait_until(lambda: vllm_stack.ready_workers().get(MODEL) == 1, 30, "the killed worker to leave")
 
 
 def test_zz_engine_death_fails_in_flight_requests_and_deregisters_the_worker(
