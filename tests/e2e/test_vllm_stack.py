@@ -477,8 +477,13 @@ def test_a_killed_worker_s_stream_continues_on_the_other_with_the_same_text(
     SIGKILLed mid-stream, and the stream continues on the module's worker, its text equal to that
     worker's uninterrupted text. The signal reaches the worker process alone, as the OOM killer's
     does: the vLLM engine core it started ends by itself (workers/engines/die_with_worker.py)."""
-    vllm_stack.start_worker("vllm-2")
-    vllm_stack.wait_ready(MODEL, workers=2, timeout=START_TIMEOUT_S)
+    second = vllm_stack.start_worker("vllm-2")
+
+    def second_ready() -> bool:  # not Stack.wait_ready: the broken workers above have exited, as meant
+        assert second.popen.poll() is None, second.tail(200)
+        return vllm_stack.ready_workers().get(MODEL) == 2
+
+    wait_until(second_ready, START_TIMEOUT_S, "vllm-2 to register")
     reference = list(_story(client, WORKER))
     it = iter(_story(client, "vllm-2"))
     head = [next(it) for _ in range(10)]
