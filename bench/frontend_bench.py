@@ -135,7 +135,6 @@ def main() -> None:
     console = Console(width=200)
     variants = {"on": [True], "off": [False], "both": [True, False]}[args.task_events]
     levels = [(c, args.requests or max(300, min(3000, c * 20))) for c in args.concurrency]
-    results: dict[str, list[dict]] = {}
     with contextlib.ExitStack() as running:
         targets: dict[str, Target] = {}
         for events in variants:
@@ -156,7 +155,7 @@ def main() -> None:
                 front_pid, dpids = started
                 httpx.get(f"{DYNAMO_URL}/v1/models", timeout=10)
                 targets["dynamo"] = Target(f"{DYNAMO_URL}/v1/chat/completions", [front_pid], dpids, "smollm2")
-        results = {name: [] for name in targets}
+        results: dict[str, list[dict]] = {name: [] for name in targets}
         for round_no in range(1, args.rounds + 1):
             order = list(targets) if round_no % 2 else list(reversed(targets))
             for c, n in levels:

@@ -446,9 +446,10 @@ class Stack:
         self.processes.stop()
 
 
-def final_delta(watcher: redis.client.PubSub, request_id: str, timeout: float = 10):  # noqa: ANN201
-    """The last token delta a worker published for ``request_id``, read from ``watcher`` (a pub/sub
-    client psubscribed to the namespace's token channels); None if none came within ``timeout``."""
+def final_delta(watcher: redis.client.PubSub, request_id: str | None, timeout: float = 10):  # noqa: ANN201
+    """The last token delta a worker published for ``request_id`` (None: for any request), read from
+    ``watcher`` (a pub/sub client psubscribed to the namespace's token channels); None if none came
+    within ``timeout``."""
     from core.messages import decode_deltas
 
     deadline = time.monotonic() + timeout
@@ -456,7 +457,7 @@ def final_delta(watcher: redis.client.PubSub, request_id: str, timeout: float = 
         msg = watcher.get_message(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
         if msg and msg["type"] == "pmessage":
             for delta in decode_deltas(msg["data"]):
-                if delta.request_id == request_id and delta.is_last:
+                if delta.is_last and request_id in (None, delta.request_id):
                     return delta
     return None
 
