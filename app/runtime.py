@@ -15,12 +15,14 @@ from typing import Any
 import redis
 
 from app.accounts.service import Accounts
-from app.admission import Admission
 from app.directory import WorkerDirectory
-from app.enqueue import Enqueuer
 from app.metrics import FrontendMetrics
+from app.metrics_scrape import scrape
+from app.process_metrics import ProcessMetricsEndpoint
+from app.requests.admission import Admission
+from app.requests.enqueue import Enqueuer
+from app.requests.streams import StreamHub
 from app.shutdown import GracefulDrain
-from app.streams import StreamHub
 from core.addresses import advertised_host, http_url
 from core.background import BackgroundTasks
 from core.errors import InvalidRequest, ShuttingDown
@@ -66,12 +68,18 @@ class FrontendRuntime:
         await self.hub.start()
         self.kv_policy = KvPolicy(self.index_redis, self.keys, s.router, enqueues=not self.planes.split)
         self.directory = WorkerDirectory(self.registry, self.hub, s.router.registry_refresh_s, s.model,
-                                         on_refresh=self._prepare_routing)
+                                         on_refresh=self._prepare_routing, lost_grace_s=s.worker.lease_ttl_s)
         await self.directory.start()
         self.policies: dict[str, Policy] = self._make_policies()
         self.frontends = FrontendRegistry(self.redis, self.keys)
         self.cluster = ClusterReader(self.redis, self.keys, registry=self.registry, index=self.kv_policy.index)
-        self.url = http_url(advertised_host(s.frontend.host, s.frontend.advertise_host), s.frontend.port)
+        host = advertised_host(s.frontend.host, s.frontend.advertise_host)
+        self.url = http_url(host, s.frontend.port)
+        self.metrics_url = f"{self.url}/metrics"
+        self._metrics_endpoint: ProcessMetricsEndpoint | None = None
+        if s.frontend.processes > 1:  # the shared port's /metrics answers for one process of several
+            self._metrics_endpoint = ProcessMetricsEndpoint(lambda: scrape(self))
+            self.metrics_url = http_url(host, await self._metrics_endpoint.start(s.frontend.host), "/metrics")
         self._started_at = time.time()
         self.accounts = Accounts(s, self.redis, self.keys)
         await self.accounts.start()
@@ -89,7 +97,7 @@ class FrontendRuntime:
     async def _renew_lease(self) -> None:
         """Hold this frontend's lease: while it lives, workers keep running the requests it sent. The lease
         carries the frontend's record (router.frontends: its address, for ``sluice status`` and Prometheus)."""
-        record = FrontendRecord(frontend_id=self.frontend_id, url=self.url, metrics_url=f"{self.url}/metrics",
+        record = FrontendRecord(frontend_id=self.frontend_id, url=self.url, metrics_url=self.metrics_url,
                                 router_mode=self.settings.router.mode, started_at=self._started_at,
                                 in_flight=self.hub.in_flight(), updated_at=time.time())
         await self.frontends.renew(record, self.settings.frontend.lease_ttl_s)
@@ -154,6 +162,8 @@ class FrontendRuntime:
         self._background.spawn(coro)
 
     async def close(self) -> None:
+        if self._metrics_endpoint is not None:
+            await self._metrics_endpoint.close()
         await self._lease.stop()
         with contextlib.suppress(Exception):  # gone now: workers need not wait out the lease
             await self.frontends.remove(self.frontend_id)

@@ -42,9 +42,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.aiperf_export import AiperfRow, aiperf_version, read_rows
+from bench.devstack import REPO, Processes
 from bench.reliability.stack import mocker_stack
 from core.settings import Settings
-from sluice.devstack import REPO, Processes
 from workers.models.prepare import prepare_model
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -18,9 +18,9 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
+from bench.devstack import RedisServer, Stack, final_delta, read_then_disconnect
 from bench.stats import pct
 from core.settings import Settings
-from sluice.devstack import RedisServer, Stack, final_delta, read_then_disconnect
 from workers.models.prepare import prepare_model
 
 RESULTS = Path(__file__).resolve().parent / "results"

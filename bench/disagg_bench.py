@@ -32,10 +32,10 @@ from rich.console import Console
 from rich.table import Table
 from tokenizers import Tokenizer
 
+from bench.devstack import RedisServer, Stack
 from bench.sse_trace import sse_events
 from bench.stats import pct
 from core.settings import Settings
-from sluice.devstack import RedisServer, Stack
 from workers.models.prepare import prepare_model
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -59,11 +59,11 @@ from rich.table import Table
 from tokenizers import Tokenizer
 
 from bench.chat_workloads import Turn, Workload, multiturn_workload, prefix_workload
+from bench.devstack import REPO, RedisServer, Stack, free_port
 from bench.router_quality import simulate
 from bench.sse_trace import sse_events
 from bench.stats import pct
 from core.settings import MockerSettings, RouterSettings, Settings
-from sluice.devstack import REPO, RedisServer, Stack, free_port
 from workers.models.prepare import prepare_model
 
 MODEL = "smollm2"
@@ -178,8 +178,10 @@ def dynamo_system(script: Path, router: str = "kv", workers: int = WORKERS) -> S
         env = {**os.environ, "PORT": str(port), "WORKERS": str(workers), "BLOCK": str(BLOCK),
                "KV_BLOCKS": str(KV_BLOCKS), "SPEEDUP": "1.0", "ROUTER": router}
         subprocess.run(["bash", str(script), "start"], env=env, check=True, capture_output=True, timeout=180)
-        return f"http://127.0.0.1:{port}", lambda: subprocess.run(["bash", str(script), "stop"], env=env,
-                                                                   capture_output=True, timeout=60, check=False)
+        def stop() -> None:
+            subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, timeout=60, check=False)
+
+        return f"http://127.0.0.1:{port}", stop
     return System(f"dynamo {router}", start)
 
 

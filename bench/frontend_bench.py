@@ -26,10 +26,12 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from bench.devstack import Processes, RedisServer, Stack
+from bench.floor.launch import start_celery, start_http
 from bench.loadgen import run_load
 from bench.stats import cpu_seconds, pct
 from core.settings import Settings
-from sluice.devstack import RedisServer, Stack
+from core.shm import descendants
 from workers.models.prepare import prepare_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -41,11 +43,12 @@ DYNAMO_URL = "http://127.0.0.1:8100"
 
 @dataclass(frozen=True)
 class Target:
-    """A running system to measure: its endpoint, the frontend's processes and all of its processes."""
+    """A running system to measure: its endpoint, the frontend's process and all of its processes, each
+    with the role it plays (``frontend``, a worker's name, ``redis``, ...)."""
 
     url: str
-    front_pids: list[int]
-    pids: list[int]
+    front_pid: int
+    processes: dict[int, str]
     model: str
 
 
@@ -57,9 +60,12 @@ def chat_body(i: int, model: str = MODEL) -> dict:
             "max_tokens": 16, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
-def summarize(run, cpu_front: float | None, cpu_all: float | None) -> dict:  # noqa: ANN001
+def summarize(run, cpu: dict[str, float], front: str) -> dict:  # noqa: ANN001
+    """The table's row for one level; ``cpu`` is CPU seconds per process role, ``front`` the frontend's role."""
     ok = [r for r in run.results if r.ok]
     n = len(run.results)
+    cpu_front = cpu.get(front)
+    cpu_all = sum(cpu.values()) if cpu else None
     tokens = sum(r.tokens for r in ok)
     ttft = [r.ttft_s * 1000 for r in ok]
     itl = [r.itl_s * 1000 for r in ok if r.itl_s is not None]
@@ -70,27 +76,31 @@ def summarize(run, cpu_front: float | None, cpu_all: float | None) -> dict:  # n
         "itl_ms_p50": pct(itl, 50), "itl_ms_p99": pct(itl, 99),
         "frontend_cpu_ms_per_req": cpu_front * 1000 / n if cpu_front is not None else None,
         "platform_cpu_ms_per_req": cpu_all * 1000 / n if cpu_all is not None else None,
+        "cpu_ms_per_req_by_process": {role: seconds * 1000 / n for role, seconds in cpu.items()},
         "first_error": next((r.error for r in run.results if not r.ok), None),
     }
 
 
-async def measure(url: str, concurrency: int, requests: int, front_pids: list[int], all_pids: list[int],
-                  model: str) -> dict:
-    await run_load(url, lambda i: chat_body(10**6 + i, model), min(concurrency, 32), min(200, requests))  # warm-up
-    before = cpu_seconds(all_pids) if all_pids else {}
-    run = await run_load(url, lambda i: chat_body(i, model), concurrency, requests)
-    after = cpu_seconds(all_pids) if all_pids else {}
-    cpu_front = sum(after[p] - before[p] for p in front_pids) if front_pids else None
-    cpu_all = sum(after[p] - before[p] for p in all_pids) if all_pids else None
-    return summarize(run, cpu_front, cpu_all)
+async def measure(target: Target, concurrency: int, requests: int) -> dict:
+    model = target.model
+    await run_load(target.url, lambda i: chat_body(10**6 + i, model), min(concurrency, 32), min(200, requests))  # warm-up
+    before = cpu_seconds(target.processes)
+    run = await run_load(target.url, lambda i: chat_body(i, model), concurrency, requests)
+    after = cpu_seconds(target.processes)
+    cpu: dict[str, float] = {}
+    for pid, role in target.processes.items():
+        cpu[role] = cpu.get(role, 0.0) + after[pid] - before[pid]
+    return summarize(run, cpu, target.processes[target.front_pid])
 
 
-def sluice_stack(workers: int, task_events: bool = True, router: str = "kv") -> tuple[RedisServer, Stack]:
+def sluice_stack(workers: int, task_events: bool = True, router: str = "kv",
+                 frontend_processes: int = 1) -> tuple[RedisServer, Stack]:
     tok = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
     redis = RedisServer().start()
     stack = Stack(redis_url=redis.url, namespace=f"bench{uuid.uuid4().hex[:6]}", model_path=tok,
                   env_extra={"SLUICE_WORKER__MOCKER__NO_SLEEP": "true", "SLUICE_ROUTER_MODE": router,
-                             "SLUICE_WORKER__TASK_EVENTS": "true" if task_events else "false"})
+                             "SLUICE_WORKER__TASK_EVENTS": "true" if task_events else "false",
+                             "SLUICE_FRONTEND__PROCESSES": str(frontend_processes)})
     try:
         for i in range(workers):
             stack.start_worker(f"bench{i}")
@@ -103,7 +113,7 @@ def sluice_stack(workers: int, task_events: bool = True, router: str = "kv") -> 
     return redis, stack
 
 
-def dynamo_start(anchor: Path) -> tuple[int, list[int]] | None:
+def dynamo_start(anchor: Path) -> tuple[int, dict[int, str]] | None:
     script = anchor / "dynamo.sh"
     if not script.exists():
         return None
@@ -114,9 +124,8 @@ def dynamo_start(anchor: Path) -> tuple[int, list[int]] | None:
         print(r.stdout, r.stderr)
         return None
     run_dir = Path(__import__("os").environ.get("TMPDIR", "/tmp")) / "sluice-anchor-dynamo" / "run"
-    pids = [int(p.read_text()) for p in run_dir.glob("*.pid")]
-    front = [int((run_dir / "frontend.pid").read_text())]
-    return front[0], pids
+    processes = {int(p.read_text()): p.stem for p in run_dir.glob("*.pid")}
+    return int((run_dir / "frontend.pid").read_text()), processes
 
 
 def main() -> None:
@@ -129,6 +138,10 @@ def main() -> None:
     ap.add_argument("--router", default="kv", help="Sluice's routing mode (Dynamo's anchor routes with its KV router)")
     ap.add_argument("--dynamo", action="store_true", help="also measure the Dynamo anchor (if installed)")
     ap.add_argument("--anchor", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "anchors" / "dynamo")
+    ap.add_argument("--frontend-processes", type=int, default=1, metavar="N",
+                    help="Sluice's frontend processes behind its port (SLUICE_FRONTEND__PROCESSES)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also measure the floor servers of bench.floor (FastAPI alone; FastAPI + Celery + pub/sub)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure every system this many times at each level, alternating their order")
     args = ap.parse_args()
@@ -138,31 +151,40 @@ def main() -> None:
     with contextlib.ExitStack() as running:
         targets: dict[str, Target] = {}
         for events in variants:
-            redis, stack = sluice_stack(args.workers, events, args.router)
+            redis, stack = sluice_stack(args.workers, events, args.router, args.frontend_processes)
             running.callback(redis.stop)
             running.callback(stack.stop)
-            front = [stack.procs["frontend"].popen.pid]
-            workers = [p.popen.pid for n, p in stack.procs.items() if n != "frontend"]
+            roles = {p.popen.pid: name for name, p in stack.procs.items()}
+            # Several frontend processes: the supervisor's children count as the frontend too.
+            roles.update(dict.fromkeys(descendants(stack.procs["frontend"].popen.pid), "frontend"))
+            if redis.proc is not None:
+                roles[redis.proc.pid] = "redis"
             targets["sluice" if events else "sluice (no task events)"] = Target(
-                f"{stack.base_url}/v1/chat/completions", front, front + workers + ([redis.proc.pid] if redis.proc else []),
-                MODEL)
+                f"{stack.base_url}/v1/chat/completions", stack.procs["frontend"].popen.pid, roles, MODEL)
         if args.dynamo:
             started = dynamo_start(args.anchor)
             if started is None:
                 console.print("[yellow]Dynamo anchor not installed or did not start; skipped[/]")
             else:
                 running.callback(subprocess.run, ["bash", str(args.anchor / "dynamo.sh"), "stop"], capture_output=True)
-                front_pid, dpids = started
+                front_pid, roles = started
                 httpx.get(f"{DYNAMO_URL}/v1/models", timeout=10)
-                targets["dynamo"] = Target(f"{DYNAMO_URL}/v1/chat/completions", [front_pid], dpids, "smollm2")
+                targets["dynamo"] = Target(f"{DYNAMO_URL}/v1/chat/completions", front_pid, roles, "smollm2")
+        if args.floor:
+            processes = Processes(prefix="sluice-floor-")
+            running.callback(processes.stop)
+            floor_redis = RedisServer().start()
+            running.callback(floor_redis.stop)
+            for name, server in (("floor: http", start_http(processes)),
+                                 ("floor: celery", start_celery(processes, floor_redis, args.workers))):
+                targets[name] = Target(server.url, server.front_pid, server.processes, MODEL)
         results: dict[str, list[dict]] = {name: [] for name in targets}
         for round_no in range(1, args.rounds + 1):
             order = list(targets) if round_no % 2 else list(reversed(targets))
             for c, n in levels:
                 for name in order:
                     console.print(f"round {round_no}, {name}: concurrency {c}, {n} requests...")
-                    t = targets[name]
-                    row = asyncio.run(measure(t.url, c, n, t.front_pids, t.pids, t.model))
+                    row = asyncio.run(measure(targets[name], c, n))
                     results[name].append({"round": round_no, **row})
 
     table = Table(title="Sluice frontend + platform (mocker, no sleep, ~24-token prompts, 16 tokens, streaming)")
@@ -176,13 +198,21 @@ def main() -> None:
                           f(r["ttft_ms_p50"]), f(r["ttft_ms_p99"]), f(r["itl_ms_p50"], 3), f(r["itl_ms_p99"], 3),
                           f(r["frontend_cpu_ms_per_req"]), f(r["platform_cpu_ms_per_req"]), str(r["errors"]))
     console.print(table)
-    if "dynamo" in results and len(results) > 1:
-        for s_row, d_row in zip(results[next(iter(results))], results["dynamo"], strict=True):
+    by_process = Table(title="CPU ms per request, by process")
+    for col in ("system", "round", "conc", "processes"):
+        by_process.add_column(col, justify="left" if col == "processes" else "right")
+    for system, rows in results.items():
+        for r in rows:
+            shown = ", ".join(f"{role} {ms:.2f}" for role, ms in sorted(r["cpu_ms_per_req_by_process"].items()))
+            by_process.add_row(system, str(r["round"]), str(r["concurrency"]), shown)
+    console.print(by_process)
+    for system in (s for s in results if s != "dynamo" and "dynamo" in results):
+        for s_row, d_row in zip(results[system], results["dynamo"], strict=True):
             ratio = {k: (s_row[k] / d_row[k]) if s_row.get(k) and d_row.get(k) else None
                      for k in ("req_per_s", "ttft_ms_p50", "frontend_cpu_ms_per_req", "platform_cpu_ms_per_req")}
             s_row["vs_dynamo"] = ratio
             shown = ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None)
-            console.print(f"round {s_row['round']}, conc {s_row['concurrency']}: sluice/dynamo {shown}")
+            console.print(f"round {s_row['round']}, conc {s_row['concurrency']}: {system}/dynamo {shown}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "frontend.json"
     out.write_text(json.dumps({"time": time.time(), "results": results}, indent=2))

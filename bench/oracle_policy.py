@@ -2,7 +2,7 @@
 engine's actual state.
 
 For each worker it predicts the request's first step on the engine as it is at that instant, with
-the mocker's own timing model (workers.engines.mocker_timing): the prefill of everything waiting or
+the mocker's own timing model (workers.engines.mocker.timing): the prefill of everything waiting or
 being prefilled there plus the request's own uncached tokens (the engine's real prefix-cache hit), and
 the decode part if anything runs there; it picks the shortest (ties at random). It knows what the
 ``kv`` policy can only estimate (the exact cache, the exact queue, no heartbeat lag) and costs nothing
@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 
 from router.policies import RouteDecision, RouteRequest
 from router.registry import LiveWorker
-from workers.engines.mocker import MockerEngine
-from workers.engines.mocker_timing import decode_ms, prefill_ms
+from workers.engines.mocker.engine import MockerEngine
+from workers.engines.mocker.timing import decode_ms, prefill_ms
 
 
 class TtftOracle:

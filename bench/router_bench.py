@@ -8,8 +8,8 @@ measures, against 4, 64 and 256 candidate workers and prompts of 1K, 8K and 32K 
   token conversion, block hashing and the one deciding script call (the chain search, the costs, the
   pick and the recorded prediction) over the policy's own connection; the request is released
   afterwards, off the clock.
-* ``best`` — the standalone router's ``/best_worker``: one pipelined read of the whole chain, scored
-  in numpy, nothing recorded.
+* ``best`` — the standalone router's ``/best_worker``: the same script call in its dry mode, nothing
+  recorded.
 
 It then grows the index to ``--max-blocks`` and measures the target case again (8K tokens, 64
 workers), compares the index read (a hand-packed pipelined MGET) with a script walking the chain
@@ -31,7 +31,9 @@ import platform
 import random
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypedDict, cast
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -39,10 +41,12 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
+from bench.devstack import RedisServer
 from bench.split_index import split_comparison
 from bench.stats import pct
 from core.keys import Keys
 from core.messages import BlockRemoved, BlockStored, KvEventBatch
+from core.pools import Pool
 from core.settings import RouterSettings
 from router.hashing import block_hashes, root_hash
 from router.kv_policy import KvPolicy
@@ -51,7 +55,6 @@ from router.prefix_index import PrefixIndex
 from router.registry import LiveWorker, WorkerLoad, WorkerRecord
 from router.resp import hex_digits
 from router.scoring import leading_overlaps
-from sluice.devstack import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "bench-model"
@@ -59,7 +62,14 @@ BLOCK_SIZE = 16
 INDEX_WORKERS = 256
 WORKER_COUNTS = (4, 64, 256)
 PROMPT_TOKENS = (1024, 8192, 32768)
-TARGET = {"tokens": 8192, "workers": 64, "p50_ms": 1.0, "p99_ms": 3.0}
+class Target(TypedDict):
+    tokens: int
+    workers: int
+    p50_ms: float
+    p99_ms: float
+
+
+TARGET: Target = {"tokens": 8192, "workers": 64, "p50_ms": 1.0, "p99_ms": 3.0}
 INGEST_TARGET_BLOCKS_PER_S = 200_000
 
 
@@ -67,7 +77,7 @@ def make_workers(n: int, rng: random.Random) -> list[LiveWorker]:
     out = []
     for slot in range(n):
         wid = f"bench-w{slot}"
-        record = WorkerRecord(worker_id=wid, model=MODEL, model_path="", pool="agg", queue=f"q.{wid}",
+        record = WorkerRecord(worker_id=wid, model=MODEL, model_path="", pool=Pool.AGG, queue=f"q.{wid}",
                               pool_queue="q.pool", engine="mocker", block_size=BLOCK_SIZE, kv_blocks=1 << 20,
                               max_num_seqs=256, context_length=131072, started_at=0.0, slot=slot)
         out.append(LiveWorker(record, WorkerLoad(active_blocks=rng.randrange(0, 600), total_blocks=1 << 20),
@@ -87,8 +97,8 @@ async def fill_index(index: PrefixIndex, n_blocks: int, rng: np.random.Generator
     return time.perf_counter() - t0
 
 
-async def add_blocks(index: PrefixIndex, slot: int, hashes: list[int], eid: int) -> None:
-    result = await index.apply(KvEventBatch(f"bench-w{slot}", eid, [BlockStored(hashes)]), slot=slot, model=MODEL,
+async def add_blocks(index: PrefixIndex, slot: int, hashes: Sequence[int], eid: int) -> None:
+    result = await index.apply(KvEventBatch(f"bench-w{slot}", eid, [BlockStored(list(hashes))]), slot=slot, model=MODEL,
                                publish=False)
     assert result.status == "ok", result
 
@@ -176,12 +186,12 @@ async def read_comparison(client: aioredis.Redis, index: PrefixIndex, keys: Keys
     walk = client.register_script(_WALK)
     prefix = keys.kv_block_prefix(MODEL)
 
-    async def via_walk(chain: list[int]) -> None:
+    async def via_walk(chain: Sequence[int]) -> None:
         leading_overlaps(await walk(args=[prefix, hex_digits(chain)]), slots)
 
-    async def via_client_mget(chain: list[int]) -> None:
-        values = await client.mget([keys.kv_block(MODEL, h) for h in chain])
-        leading_overlaps(values[: values.index(None)] if None in values else values, slots)
+    async def via_client_mget(chain: Sequence[int]) -> None:
+        values = cast(list[bytes | None], await client.mget([keys.kv_block(MODEL, h) for h in chain]))
+        leading_overlaps(cast(list[bytes], values[: values.index(None)] if None in values else values), slots)
 
     out = {}
     for name, read in (("index_read", lambda c: index.read(MODEL, [c], slots)), ("lua_walk", via_walk),

@@ -71,18 +71,19 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.chat_workloads import Turn, Workload, shared_workload, unique_workload, working_set_tokens
+from bench.devstack import RedisServer
 from bench.oracle_policy import TtftOracle
 from bench.stats import pct
 from bench.virtual_clock import VirtualClockConnection, VirtualClockLoop
 from core.keys import Keys
 from core.messages import SamplingParams
+from core.pools import Pool
 from core.settings import MockerSettings, RouterSettings
 from router.kv_policy import KvPolicy
 from router.policies import LeastLoadedPolicy, Policy, RandomPolicy, RoundRobinPolicy, RouteRequest
 from router.registry import LiveWorker, Registry, WorkerLoad, WorkerRecord
-from sluice.devstack import RedisServer
 from workers.engines.base import EngineRequest
-from workers.engines.mocker import MockerEngine
+from workers.engines.mocker.engine import MockerEngine
 from workers.kv_relay import KvRelay
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -126,7 +127,7 @@ class Cluster:
             engine = MockerEngine(MODEL, self.mocker, context_length=32_768)
             relay = KvRelay(self.client, self.keys, wid, MODEL)
             await engine.start(relay.push if self.kv_events else _discard)
-            record = WorkerRecord(worker_id=wid, model=MODEL, model_path="", pool="agg", queue=f"q.{wid}",
+            record = WorkerRecord(worker_id=wid, model=MODEL, model_path="", pool=Pool.AGG, queue=f"q.{wid}",
                                   pool_queue="q.pool", engine="mocker", block_size=self.mocker.block_size,
                                   kv_blocks=self.mocker.kv_blocks, max_num_seqs=self.mocker.max_num_seqs,
                                   context_length=32_768, started_at=time.time())

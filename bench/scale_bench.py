@@ -14,7 +14,7 @@ bench.fleet.sim says what in them is real) until ``--counts`` workers are live, 
   every live worker, paced ``--interval-ms`` apart while a registry snapshot is refreshed every
   ``registry_refresh_s`` in the same process, as the frontend's worker directory does (each refresh
   gives new worker objects, so the next decision builds a new candidate table from their loads and
-  sends it for Redis to store); ``best`` (the numpy reference) on the same prompts; how long a refresh
+  sends it for Redis to store); ``best`` (the same script, dry) on the same prompts; how long a refresh
   and the table after it take;
 * leases: heartbeats sent, failed, slowest, and workers that lost their lease.
 
@@ -39,6 +39,7 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
+from bench.devstack import RedisServer
 from bench.fleet.processes import FleetLaunch, Fleets
 from bench.fleet.sim import MODEL, worker_id
 from bench.fleet.workload import FleetWorkload, fresh_tokens, group_of, group_prefix, worker_prompt
@@ -49,7 +50,6 @@ from core.settings import RouterSettings
 from router.kv_policy import KvPolicy
 from router.policies import RouteRequest
 from router.registry import LiveWorker, Registry
-from sluice.devstack import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAMESPACE = "scale"
@@ -285,7 +285,7 @@ async def main(args: argparse.Namespace) -> dict:
 
 def print_tables(console: Console, results: dict) -> None:
     table = Table(title=f"Simulated workers against one Redis: decisions at {PROMPT_TOKENS:,} tokens over every live "
-                        "worker (choose = the frontend's one script call; best = numpy reference), ingest, memory")
+                        "worker (choose = the frontend's one script call; best = the same script, dry), ingest, memory")
     for col in ("workers", "procs", "register/s", "choose p50", "choose p99", "best p50", "refresh p50/max",
                 "table p50/max", "ingest blocks/s", "batches/s", "redis cpu", "entries", "distinct", "B/entry",
                 "B/entry +stream", "leases lost", "hb max"):

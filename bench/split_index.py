@@ -16,7 +16,7 @@ import time
 
 import redis.asyncio as aioredis
 
-from app.enqueue import Enqueuer
+from app.requests.enqueue import Enqueuer
 from bench.stats import pct
 from core.keys import Keys
 from core.settings import RouterSettings

@@ -39,6 +39,13 @@ class Trace:
         return self.token_times[0] - self.sent_at if self.token_times else None
 
     @property
+    def first_token_s(self) -> float:
+        """The TTFT of a trace that has a token (every ``ok`` one)."""
+        if not self.token_times:
+            raise ValueError("no token arrived on this trace")
+        return self.token_times[0] - self.sent_at
+
+    @property
     def total_s(self) -> float:
         return self.ended_at - self.sent_at
 

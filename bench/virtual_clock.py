@@ -62,7 +62,7 @@ _Events = list[tuple[selectors.SelectorKey, int]]
 _Poll = Callable[[float | None], _Events]
 
 
-class _QuiescentSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _QuiescentSelector(selectors.DefaultSelector):
     """The platform's selector, whose ``select`` asks the loop how to wait."""
 
     def __init__(self, wait: Callable[[_Poll, float | None], _Events]) -> None:

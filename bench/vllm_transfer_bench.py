@@ -27,13 +27,14 @@ from rich.table import Table
 
 from bench import nixl_raw
 from core.messages import SamplingParams
-from core.settings import VllmSettings
-from tests.workers.vllm_support import MODEL, smollm2_weights_dir
+from core.settings import Settings, VllmSettings
 from workers.engines.base import EngineRequest
-from workers.engines.vllm_engine import VllmEngine
-from workers.engines.vllm_kv_transfer import KvTransferSetup, free_port
+from workers.engines.vllm.engine import VllmEngine
+from workers.engines.vllm.kv_transfer import KvTransferSetup, free_port
+from workers.models.prepare import prepare_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
+MODEL = "smollm2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +57,10 @@ async def _run(engine: VllmEngine, request: EngineRequest) -> list:
 async def _rounds(args: argparse.Namespace) -> list[Transfer]:
     settings = VllmSettings(max_num_seqs=4, kv_cache_gib=args.kv_gib, omp_threads=args.threads)
     host = "127.0.0.1"
-    prefill = VllmEngine(MODEL, smollm2_weights_dir(), settings, transfer=KvTransferSetup(host, free_port(host), 30))
+    weights = prepare_model(MODEL, Settings().models_dir, weights=True, progress=False)
+    prefill = VllmEngine(MODEL, weights, settings, transfer=KvTransferSetup(host, free_port(host), 30))
     await prefill.start()
-    decode = VllmEngine(MODEL, smollm2_weights_dir(), settings, transfer=KvTransferSetup(host, free_port(host), 30))
+    decode = VllmEngine(MODEL, weights, settings, transfer=KvTransferSetup(host, free_port(host), 30))
     await decode.start()
     transfers = []
     try:

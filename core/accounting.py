@@ -31,7 +31,8 @@ USAGE_RECORD_VERSION = 1
 
 def usage_batch_to_builtins(records: list[UsageRecord]) -> list[dict[str, object]]:
     """A batch of records as JSON-ready builtins: the argument of the bookkeeper's task."""
-    return msgspec.to_builtins(records)
+    batch: list[dict[str, object]] = msgspec.to_builtins(records)
+    return batch
 
 
 def usage_batch_from_builtins(data: list[dict[str, object]]) -> list[UsageRecord]:

@@ -23,7 +23,8 @@ def primary_address() -> str:
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect(_PROBE_ADDRESS)
-            return probe.getsockname()[0]
+            address: str = probe.getsockname()[0]
+            return address
     except OSError:
         return socket.gethostname()
 

@@ -76,9 +76,15 @@ class Overloaded(SluiceError):
         self.retry_after_s = retry_after_s
 
 
+#: The error kind of the delta that ends a frontend's open streams when its token subscription is lost
+#: with Redis (app.requests.streams); the request answers :class:`RequestPlaneUnavailable`.
+STREAM_INTERRUPTED = "stream_interrupted"
+
+
 class RequestPlaneUnavailable(SluiceError):
-    """Redis cannot be used right now (the frontend's token channel is being subscribed again after
-    a lost connection): nothing was admitted."""
+    """Redis cannot be used right now: the frontend's token channel is being subscribed again after a
+    lost connection (nothing was admitted), or that connection was lost under an open request (its
+    worker is told to stop; the client may retry)."""
 
     status_code = 503
     type = "service_unavailable"

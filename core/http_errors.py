@@ -39,7 +39,8 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
     try:
         return _encode(ErrorBody(ErrorDetail(message=message, type=type_, param=param, code=code)))
     except UnicodeEncodeError:  # a lone surrogate from the request, echoed back: escaped, not a 500
-        return _encode(ErrorBody(ErrorDetail(*(_escaped(s) for s in (message, type_, param, code)))))  # type: ignore[arg-type]
+        return _encode(ErrorBody(ErrorDetail(message=_escaped(message) or "", type=_escaped(type_) or "",
+                                             param=_escaped(param), code=_escaped(code))))
 
 
 def _escaped(text: str | None) -> str | None:
@@ -63,7 +64,7 @@ async def _sluice_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, exc.message, exc.type, exc.param, exc.code, headers)
 
 
-def _loc_param(loc: tuple) -> str | None:
+def _loc_param(loc: tuple[object, ...]) -> str | None:
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
     return ".".join(parts) or None
 
@@ -91,7 +92,7 @@ _HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_
 def http_exception_response(exc: StarletteHTTPException) -> Response:
     """An HTTP exception as an OpenAI-shaped response, with its headers (a 405's ``Allow``)."""
     return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None,
-                          _HTTP_ERROR_CODES.get(exc.status_code), exc.headers)
+                          _HTTP_ERROR_CODES.get(exc.status_code), dict(exc.headers) if exc.headers else None)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -1,6 +1,6 @@
 """Messages that cross process boundaries, as versioned msgspec structs, encoded in one place.
 
-* :class:`GenerateRequest` is the payload of a ``generate`` Celery task (JSON, so Flower shows it).
+* A worker task's payload (JSON, so Flower shows it) is in core.task_requests, one message per role.
 * :class:`TokenDelta` goes from a worker to the frontend on the frontend's token channel (msgpack).
 * :class:`ControlCommand` goes from a frontend to a worker on its control channel (msgpack).
 
@@ -10,7 +10,7 @@ A delta stream for one request is: deltas with ``seq`` 0, 1, 2, ... in order; th
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -59,32 +59,6 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     structured: StructuredOutput | None = None
     #: The prompt's log probabilities (``echo`` with ``logprobs``): None, none; k, as ``logprobs``.
     prompt_logprobs: int | None = None
-
-
-class GenerateRequest(msgspec.Struct, frozen=True, omit_defaults=True):
-    request_id: str
-    model: str
-    token_ids: list[int]
-    sampling: SamplingParams
-    reply_channel: str
-    deadline: float
-    lora: str | None = None
-    #: Disaggregation, on a ``prefill`` task: where the decode task goes once the prompt is computed.
-    decode: DecodeTarget | None = None
-    #: Disaggregation, on the ``generate`` task a prefill worker pushes: the engine's transfer
-    #: handle (opaque; vLLM's ``kv_transfer_params``), the prefill worker, and how many generated
-    #: tokens ``token_ids`` already ends with (the first token, streamed by the prefill worker).
-    kv_handle: dict[str, Any] | None = None
-    prefill_worker_id: str | None = None
-    carried_tokens: int = 0
-    #: The frontend waiting for the request: workers drop it once that frontend's lease lapses.
-    frontend_id: str | None = None
-    v: int = MESSAGE_VERSION
-
-
-class DecodeTarget(msgspec.Struct, frozen=True):
-    worker_id: str
-    queue: str
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -207,15 +181,6 @@ def encode_control(cmd: ControlCommand) -> bytes:
 
 def decode_control(data: bytes) -> ControlCommand:
     return _control_decoder.decode(data)
-
-
-def request_to_builtins(req: GenerateRequest) -> dict:
-    """The task argument as plain JSON-able data (what the Celery message body carries)."""
-    return msgspec.to_builtins(req)
-
-
-def request_from_builtins(data: dict) -> GenerateRequest:
-    return msgspec.convert(data, GenerateRequest)
 
 
 # --- KV cache events ---------------------------------------------------------------------------

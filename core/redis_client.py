@@ -1,5 +1,5 @@
-"""The Redis clients of Sluice's processes, made one way: bounded timeouts and redis-py's own retry
-with backoff, whatever redis-py release is installed (their defaults moved between releases).
+"""The options of Sluice's Redis clients (made by core.redis_topology): bounded timeouts and redis-py's
+own retry with backoff, whatever redis-py release is installed (their defaults moved between releases).
 
 * ``socket_connect_timeout`` and ``socket_timeout`` bound every connect and every command reply, so
   a Redis that is gone or frozen fails a call in seconds instead of hanging it. Blocking pub/sub
@@ -13,7 +13,8 @@ with backoff, whatever redis-py release is installed (their defaults moved betwe
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
+from typing import Any
+
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
@@ -22,23 +23,10 @@ CONNECT_TIMEOUT_S = 2.0
 REPLY_TIMEOUT_S = 5.0
 
 
-def redis_options(retries: int, backoff_cap_s: float) -> dict[str, object]:
+def redis_options(retries: int, backoff_cap_s: float) -> dict[str, Any]:
     return {
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_timeout": REPLY_TIMEOUT_S,
         "socket_keepalive": True,
         "retry": Retry(ExponentialWithJitterBackoff(base=backoff_cap_s / 4, cap=backoff_cap_s), retries),
     }
-
-
-def frontend_client(url: str, max_connections: int) -> aioredis.Redis:
-    """The frontend's client (the hot path): one quick retry, so an outage is a 503 within tens of
-    milliseconds; a bounded pool whose callers wait for a free connection."""
-    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=10,
-                                                    **redis_options(retries=1, backoff_cap_s=0.02))
-    return aioredis.Redis(connection_pool=pool)
-
-
-def background_client(url: str) -> aioredis.Redis:
-    """A worker's or a service's client: a few retries, pauses up to half a second."""
-    return aioredis.Redis.from_url(url, **redis_options(retries=3, backoff_cap_s=0.5))

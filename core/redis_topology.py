@@ -15,13 +15,13 @@ Two planes (README, "Outgrowing one Redis"):
 
 When the two planes are one Redis (:attr:`RedisTopology.split` is False) a routing decision pushes
 the task message in the same script call; when they are apart the decision is one call on the index
-and the enqueue one on the broker (router.kv_policy, app.enqueue).
+and the enqueue one on the broker (router.kv_policy, app.requests.enqueue).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
@@ -30,6 +30,7 @@ from redis.asyncio.sentinel import Sentinel
 
 from core.keys import Keys
 from core.redis_client import redis_options
+from core.redis_connection import use_bounded_send
 from core.settings import RedisSettings
 
 #: Who a client serves: the frontend's hot path (one quick retry: an outage is a 503 at once) or a
@@ -72,31 +73,40 @@ def is_sentinel_url(url: str) -> bool:
     return url.startswith("sentinel://")
 
 
-def _retries(role: Role) -> dict[str, object]:
+def _retries(role: Role) -> dict[str, Any]:
     return redis_options(retries=1, backoff_cap_s=0.02) if role == "frontend" else \
         redis_options(retries=3, backoff_cap_s=0.5)
 
 
 def plain_client(url: str, role: Role, *, master_name: str = "mymaster", max_connections: int = 64) -> aioredis.Redis:
-    """A client of one Redis: a ``redis://`` URL, or the primary behind ``sentinel://`` URLs."""
+    """A client of one Redis: a ``redis://`` URL, or the primary behind ``sentinel://`` URLs. Its
+    connections write commands without losing a cancellation (core.redis_connection)."""
     options = _retries(role)
     if is_sentinel_url(url):
         address = SentinelAddress.parse(url)
-        sentinel = Sentinel(list(address.sentinels), socket_timeout=options["socket_timeout"],
-                            sentinel_kwargs={"socket_connect_timeout": options["socket_connect_timeout"],
-                                             "socket_timeout": options["socket_timeout"]})
-        return sentinel.master_for(master_name, password=address.password, username=address.username,
-                                   db=address.db, **options)
-    if role == "frontend":
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves its __init__ unannotated
+            list(address.sentinels), socket_timeout=options["socket_timeout"],
+            sentinel_kwargs={"socket_connect_timeout": options["socket_connect_timeout"],
+                             "socket_timeout": options["socket_timeout"]})
+        for asked in sentinel.sentinels:  # asked on every new connection where the primary is
+            use_bounded_send(asked)
+        client = sentinel.master_for(master_name, password=address.password, username=address.username,
+                                     db=address.db, **options)
+    elif role == "frontend":
         pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=10, **options)
-        return aioredis.Redis(connection_pool=pool)
-    return aioredis.Redis.from_url(url, **options)
+        client = aioredis.Redis(connection_pool=pool)
+    else:
+        client = aioredis.Redis.from_url(url, **options)
+    use_bounded_send(client)
+    return cast(aioredis.Redis, client)
 
 
 def cluster_client(url: str, role: Role) -> RedisCluster:
     """A Redis Cluster client from the URL of any one node (it discovers the rest)."""
     options = {k: v for k, v in _retries(role).items() if k != "retry"}
-    return RedisCluster.from_url(url, **options)
+    client = RedisCluster.from_url(url, **options)
+    use_bounded_send(client)
+    return client
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,14 +12,15 @@ import functools
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from core.pools import Pool
+
 EngineKind = Literal["mocker", "vllm"]
 RouterMode = Literal["kv", "round_robin", "random", "least_loaded", "pool"]
-PoolKind = Literal["agg", "prefill", "decode"]
 #: A Redis namespace: no ``:``, so that no namespace's key prefix (``sluice:{ns}:``, core.keys) starts another's.
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_-]+$"
 
@@ -47,8 +48,10 @@ class RedisSettings(BaseModel):
 
 
 class MockerSettings(BaseModel):
-    """Simulated engine. Timing follows the published model of Dynamo's mocker (see workers/engines/mocker_timing.py)."""
+    """Simulated engine. Timing follows the published model of Dynamo's mocker (see workers/engines/mocker/timing.py)."""
 
+    #: It serves a model from its tokenizer alone (``sluice models prepare`` skips the weights).
+    needs_weights: ClassVar[bool] = False
     speedup: float = Field(1.0, gt=0)
     no_sleep: bool = False
     block_size: int = Field(16, ge=1)
@@ -60,14 +63,15 @@ class MockerSettings(BaseModel):
     #: bandwidth; 2 x 30 layers x 3 heads x 64 dims x 2 bytes x 16 tokens: SmolLM2-135M in bf16.
     kv_bytes_per_block: int = Field(737_280, ge=1)
     transfer_gb_per_s: float = Field(1.4, gt=0)
-    #: Scripted outputs (workers/engines/mocker_script.py): a JSON file of ``{"match", "output"}``.
+    #: Scripted outputs (workers/engines/mocker/script.py): a JSON file of ``{"match", "output"}``.
     script: Path | None = None
 
 
 class VllmSettings(BaseModel):
-    """The vLLM engine (workers/engines/vllm_engine.py; docs/engines.md). Prefix caching and KV
+    """The vLLM engine (workers/engines/vllm/engine.py; docs/engines.md). Prefix caching and KV
     cache events are always on; the block size and KV capacity the worker registers are vLLM's own."""
 
+    needs_weights: ClassVar[bool] = True
     #: ``auto``: float32 on CPU (no native bf16 on most CPUs), the model's dtype on GPU.
     dtype: str = "auto"
     #: KV block size in tokens; unset: 32 on CPU (it needs a multiple of 32), vLLM's default on GPU.
@@ -98,7 +102,7 @@ class VllmSettings(BaseModel):
 
 class WorkerSettings(BaseModel):
     engine: EngineKind = "mocker"
-    pool: PoolKind = "agg"
+    pool: Pool = Pool.AGG
     worker_id: str | None = None
     heartbeat_interval_s: float = Field(1.0, gt=0)
     lease_ttl_s: float = Field(3.0, gt=0)
@@ -121,6 +125,11 @@ class WorkerSettings(BaseModel):
     metrics_advertise_host: str | None = None
     mocker: MockerSettings = MockerSettings()
     vllm: VllmSettings = VllmSettings()
+
+    def engine_settings(self) -> MockerSettings | VllmSettings:
+        """The settings group of the configured engine (each engine's group is named as the engine)."""
+        group: MockerSettings | VllmSettings = getattr(self, self.engine)
+        return group
 
 
 class RouterSettings(BaseModel):
@@ -170,6 +179,10 @@ class DisaggSettings(BaseModel):
 class FrontendSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
+    #: Frontend processes behind the one port (uvicorn's workers): each is a whole frontend of its own,
+    #: with its own token subscription, lease and ``/metrics`` (on a port of its own too, which it
+    #: publishes for Prometheus discovery). More than one uses more cores of the machine.
+    processes: int = Field(1, ge=1)
     stall_timeout_s: float = Field(30.0, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
     #: ``max_tokens`` of a chat completion that names none (at most what the context leaves). 256
@@ -190,14 +203,14 @@ class FrontendSettings(BaseModel):
     #: How long ``/v1/load_lora_adapter`` waits for every worker to load the adapter (vLLM reads it from disk).
     lora_timeout_s: float = Field(120.0, gt=0)
     #: Tool-call parser per model (``hermes``, ``llama3_json``, ``pythonic``); a model not named
-    #: here gets the one its chat template implies (app.parser_choice).
+    #: here gets the one its chat template implies (app.output.parser_choice).
     tool_parsers: dict[str, Literal["hermes", "llama3_json", "pythonic"]] = Field(default_factory=dict)
     #: Reasoning parser per model (``think``, ``deepseek_r1``, ``none``); unnamed: from its template.
     reasoning_parsers: dict[str, Literal["think", "deepseek_r1", "none"]] = Field(default_factory=dict)
     #: How many times one request may move to another worker after its worker was lost (its lease
     #: expired), continuing from the tokens already streamed; 0 turns migration off.
     max_migrations: int = Field(3, ge=0)
-    #: Admission control (app/admission.py): at most this many requests routed by this frontend
+    #: Admission control (app/requests/admission.py): at most this many requests routed by this frontend
     #: waiting for their first token per worker; beyond it, 429 with Retry-After. 0: no bound.
     max_waiting_per_worker: int = Field(256, ge=0)
     overload_retry_after_s: int = Field(1, ge=1)
@@ -263,7 +276,7 @@ class Settings(BaseSettings):
     index_redis_url: str | None = Field(None, validation_alias=AliasChoices("SLUICE_INDEX_REDIS_URL"))
     namespace: str | None = Field(None, pattern=NAMESPACE_PATTERN, validation_alias=AliasChoices("SLUICE_NAMESPACE"))
     engine: EngineKind | None = Field(None, validation_alias=AliasChoices("SLUICE_ENGINE"))
-    pool: PoolKind | None = Field(None, validation_alias=AliasChoices("SLUICE_POOL"))
+    pool: Pool | None = Field(None, validation_alias=AliasChoices("SLUICE_POOL"))
     router_mode: RouterMode | None = Field(None, validation_alias=AliasChoices("SLUICE_ROUTER_MODE"))
     port: int | None = Field(None, validation_alias=AliasChoices("SLUICE_PORT"))
 

@@ -5,7 +5,7 @@ vLLM's engine processes talk through message queues in ``/dev/shm`` segments (``
 160-250 MB each on CPU), which the process that made them removes when it shuts down cleanly, and
 which Python's resource tracker of the worker removes when the worker exits. A process group that
 is SIGKILLed whole (the tracker with it) leaves them behind, holding memory until the machine
-restarts: the stack launcher (``sluice.devstack``) notes what a group holds before it kills it
+restarts: the stack launcher (``bench.devstack``) notes what a group holds before it kills it
 (:meth:`ShmEntries.held_by`) and removes what nothing holds afterwards
 (:meth:`ShmEntries.remove_orphans`); the test run's leak check (tests/support/leaks.py) lists what
 is left.

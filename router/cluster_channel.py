@@ -21,8 +21,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import ResponseError, SlotNotCoveredError
 
+from core.redis_connection import use_bounded_send
 from router.resp_channel import RespChannel
 
 #: Error replies after which the slot map is read again.
@@ -82,7 +83,10 @@ class ClusterChannel:
             await self._refresh()
         if key is None:
             return self.client.get_random_node()
-        return self.client.get_node_from_key(key)
+        node = self.client.get_node_from_key(key.decode())
+        if node is None:
+            raise SlotNotCoveredError(f"no cluster node serves key {key!r}")
+        return node
 
     async def _refresh(self) -> None:
         async with self._lock:
@@ -96,9 +100,10 @@ class ClusterChannel:
         channel = self._channels.get(node.name)
         if channel is None:
             kw = node.connection_kwargs
-            client = aioredis.Redis(host=node.host, port=node.port, username=kw.get("username"),
+            client = aioredis.Redis(host=node.host, port=int(node.port), username=kw.get("username"),
                                     password=kw.get("password"),
                                     socket_connect_timeout=kw.get("socket_connect_timeout"))
+            use_bounded_send(client)  # its pool serves the calls the channel does not take over
             channel = self._channels[node.name] = RespChannel(client)
         return channel
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 def split_pools(workers: Sequence[LiveWorker]) -> tuple[list[LiveWorker], list[LiveWorker]]:
     """A model's workers as a request is routed over them: those that answer it (decode and aggregated
     workers), and the prefill pool."""
-    return [w for w in workers if w.record.pool != "prefill"], [w for w in workers if w.record.pool == "prefill"]
+    return [w for w in workers if w.record.pool.serves_clients], [w for w in workers if w.record.pool.prefills_for_others]
 
 
 class PrefillPlace(enum.StrEnum):
@@ -64,7 +64,8 @@ class PrefillPlan:
 
 def plan_prefill(prompt_tokens: int, overlap_tokens: int, *, prefill_workers: int, prefill_queue: int,
                  thresholds: DisaggThresholds) -> PrefillPlan:
-    """Where the prompt is computed; ``reason`` names the condition that decided (for logs and headers)."""
+    """Where the prompt is computed; ``reason`` names the condition that decided (the response's
+    ``x-sluice-disagg-reason`` header and the request's log line)."""
     if prompt_tokens < 0 or not 0 <= overlap_tokens <= prompt_tokens:
         raise ValueError(f"overlap {overlap_tokens} outside a prompt of {prompt_tokens} tokens")
     uncached = prompt_tokens - overlap_tokens

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, fields
+from typing import cast
 
 import redis.asyncio as aioredis
 
 from core.keys import Keys
+from core.redis_values import text
 
 #: How long a frontend whose lease ended stays in the sorted set (it is listed as live only while its
 #: lease lasts).
@@ -83,10 +85,11 @@ class FrontendRegistry:
 
     async def live(self) -> list[LiveFrontend]:
         """Frontends whose lease has not ended, in two round trips."""
-        entries = await self.client.zrangebyscore(self.keys.frontends, time.time(), "+inf", withscores=True)
+        entries = cast(list[tuple[bytes, float]], await self.client.zrangebyscore(
+            self.keys.frontends, time.time(), "+inf", withscores=True))
         if not entries:
             return []
-        values = await self.client.mget([self.keys.frontend_lease(fid.decode()) for fid, _ in entries])
+        values = await self.client.mget([self.keys.frontend_lease(text(fid)) for fid, _ in entries])
         out = []
         for (_, expiry), raw in zip(entries, values, strict=True):
             record = decode_record(raw) if raw is not None else None

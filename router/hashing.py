@@ -75,7 +75,7 @@ def block_hashes(
         return []
     h = root if start_block == 0 or parent is None else parent
     digest = xxhash.xxh3_64_intdigest
-    out = []
+    out: list[int] = []
     append = out.append
     for block in [data[i:i + step] for i in range(start_block * step, n_blocks * step, step)]:
         h = digest(block, h)

@@ -6,7 +6,9 @@ A routing decision (``DECIDE``) finds each candidate's overlap by searching the 
 blocks where its bitmap changes (the index holds prefix-closed chains, router.prefix_index), a few
 ``MGET`` of a few keys each instead of one read per block: on a 1M-block index a key read costs Redis
 about 0.5 µs (memory latency), and Redis time is what every frontend shares. The standalone router's
-read-only query is a plain pipelined ``MGET``/``GETRANGE`` of the whole chain, scored in numpy.
+query runs the same script in its dry mode (it records, pushes and settles nothing). Its arguments and
+the candidate table's columns are declared in router.decide_layout, which writes the script's block
+of positions.
 
 Conventions shared by every script:
 
@@ -51,7 +53,7 @@ EXPIRE_GUESSES = lua_script("router", "expire_guesses.lua")
 #: bitmap (found from its set bits through the slot lookup) can have an overlap, so the per-candidate
 #: work is the cost alone.
 #:
-#: Cost of candidate i, in the same order of operations as router.scoring.evaluate (sw = scale * weight):
+#: Cost of candidate i (router.scoring's formula; the tests' numpy oracle uses this order of operations), sw = scale * weight:
 #:   sw * (prompt - overlap) + sw * queued_sum + scale * max(active, decode_sum)
 #: The candidates come as a table the script stores the first time a router sends it and reads by its id
 #: afterwards, one column at a time (``GETRANGE``), only the columns the decision needs.

@@ -20,14 +20,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
-import redis.asyncio as aioredis
 
 from core.keys import ROUTER_TABLE_TTL_MS, Keys
+from core.redis_topology import IndexClient
+from core.redis_values import text
 from core.wire import TaskParts
 from router import index_scripts
 from router.cluster_channel import ClusterChannel, routing_channel
+from router.decide_layout import ARGS
 from router.resp import hex_digits, pack_args
 from router.resp_channel import PackedScript, RespChannel
 from router.time_cost import TimeWeights
@@ -36,6 +39,17 @@ from router.time_cost import TimeWeights
 _REFERENCE = pack_args(0, b"")
 #: The status of a decision that named a table Redis does not hold.
 _TABLE_MISSING = b"table"
+
+#: A decision's arguments, packed in four parts: per request (head), the candidate table or a reference
+#: to the stored one, the table's shape (per table, packed once) and the rest (tail); in the order
+#: router.decide_layout declares (the deciding script reads them from there).
+_HEAD = ("rid", "prediction_ttl_ms", "u", "temperature", "pinned", "weight")
+_TABLE = ("table_ttl_ms", "sent")
+_SHAPE = ("n", "nslots")
+_TAIL = ("model", "prefix", "approx_ttl_ms", "task_head", "task_tail", "broker_prefix", "cost_kind",
+         "slowdown_weight", "eviction_weight", "dry", "nchains")
+if _HEAD + _TABLE + _SHAPE + _TAIL != ARGS:
+    raise ImportError("router.inflight packs DECIDE's arguments out of router.decide_layout's order")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +104,7 @@ class Decision:
 
 
 class InflightStore:
-    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: float,
+    def __init__(self, client: IndexClient, keys: Keys, ttl_s: float,
                  channel: RespChannel | ClusterChannel | None = None) -> None:
         self.client = client
         self.keys = keys
@@ -119,7 +133,7 @@ class InflightStore:
         slots = np.asarray(slots, dtype=np.int64)
         keys = [*self._keys(model), self.keys.kv_slot_owners_of(model), self.keys.kv_slot_tags_of(model)]
         approx = np.flatnonzero(np.asarray(approx_cap) > 0)
-        approx_keys = [key for i in approx for key in (self.keys.kv_worker_approx(worker_ids[i], model),
+        approx_keys = [key for i in approx.tolist() for key in (self.keys.kv_worker_approx(worker_ids[i], model),
                                                         self.keys.kv_worker_meta(worker_ids[i], model))]
         approx_no = np.zeros(n)
         approx_no[approx] = np.arange(1, approx.size + 1)
@@ -166,19 +180,23 @@ class InflightStore:
         task: TaskParts | None = None,
         settle: Sequence[tuple[str, str]] = (),
         time_weights: TimeWeights | None = None,
+        dry: bool = False,
     ) -> Decision:
         """Score the prompt's ``chains`` (one per distinct block size, in the candidates' chain
         numbering; ``prompt_blocks`` the prompt's length in blocks of each) against the index, pick on the
-        current sums (router.scoring's costs and pick_index with ``u``, or ``pinned``), record the
-        prediction and, given a ``task``, push it onto the chosen worker's queue (its list under the
-        namespace's broker prefix, core.keys): one atomic call, one round trip. ``settle``: operations
+        current sums (router.scoring's or router.time_cost's cost; the least, ties and samples by ``u``,
+        or ``pinned``), record the prediction and, given a ``task``, push it onto the chosen worker's queue
+        (its list under the namespace's broker prefix, core.keys): one atomic call, one round trip. ``settle``: operations
         as :meth:`settle` takes them, applied first in the same call.
         The candidates' columns go with the first decision over them, which stores them in Redis
         (``Keys.router_table``); the decisions after it send only the table's id. A decision that finds
         the table gone (it expired, Redis restarted) changes nothing and is sent again with the columns:
         the one case of two round trips.
         A prediction with the same request id replaces the earlier one. ``time_weights``: score with
-        the ``time`` cost (router.time_cost; the candidates need their timing columns), else ``blocks``."""
+        the ``time`` cost (router.time_cost; the candidates need their timing columns), else ``blocks``.
+        ``dry``: decide only; nothing is recorded, pushed or settled (``task`` and ``settle`` must be empty)."""
+        if dry and (task is not None or settle):
+            raise ValueError("a dry decision pushes no task and settles nothing")
         per_chain = [x for chain, blocks in zip(chains, prompt_blocks, strict=True)
                      for x in (blocks, hex_digits(chain))]
         head = pack_args(request_id.encode(), self.ttl_ms, repr(float(u)), repr(float(temperature)),
@@ -189,15 +207,15 @@ class InflightStore:
                       b"time" if time_weights is not None else b"blocks",
                       repr(float(time_weights.slowdown if time_weights else 0.0)),
                       repr(float(time_weights.eviction if time_weights else 0.0)),
-                      len(chains), *per_chain),
+                      1 if dry else 0, len(chains), *per_chain),
             pack_args(*(x.encode() for op in settle for x in op)),
         ))
-        n_args = 20 + len(per_chain) + 2 * len(settle)
+        n_args = len(ARGS) + len(per_chain) + 2 * len(settle)
         reply = await self._decide_with(candidates, head, tail, n_args, self._stores(candidates))
         if reply[3] == _TABLE_MISSING:  # expired, or Redis restarted: this call stores it again
             reply = await self._decide_with(candidates, head, tail, n_args, True)
         chosen, cost, overlap, approx = reply
-        return Decision(int(chosen) - 1, float(cost), int(overlap), approx.decode())
+        return Decision(int(chosen) - 1, float(cost), int(overlap), text(cast(bytes, approx)))
 
     async def store(self, model: str, candidates: Candidates) -> None:
         """Store the candidate table now (and drop the one it replaces) unless a decision stored it lately,
@@ -230,8 +248,9 @@ class InflightStore:
             self._mark_stored(candidates)
         middle = (pack_args(ROUTER_TABLE_TTL_MS, candidates.table) if store else _REFERENCE) + candidates.packed_shape
         try:
-            return await self._decide.call_packed(candidates.n_keys, candidates.packed_keys, n_args,
-                                                  b"".join((head, middle, tail)))
+            reply = await self._decide.call_packed(candidates.n_keys, candidates.packed_keys, n_args,
+                                                   b"".join((head, middle, tail)))
+            return cast(list[bytes | int], reply)
         except BaseException:
             if store:
                 self._stored.pop(candidates.table_id, None)

@@ -7,13 +7,13 @@ once, with the first decision over it, and Redis keeps it) to one script (router
 ``index_scripts.DECIDE``) that reads the bitmaps, the slot owner tags and the shared in-flight sums,
 computes the costs (router.scoring's formula), picks and records the prediction atomically, so
 frontends routing at the same moment take turns instead of piling onto one worker.
-:meth:`KvPolicy.best` answers without recording, also in one round trip, but scores in numpy from a
-plain read (router.prefix_index): two independent implementations of one formula, which the tests
-hold to the same answers.
+:meth:`KvPolicy.best` runs the same script without recording, pushing or settling anything (its dry
+mode), so the standalone router answers exactly as the frontends decide; the tests hold the script to
+an independent numpy oracle (tests/router/cost_oracle.py).
 
 When the routing state lives apart from the broker (``enqueues=False``: a Redis of its own or a Redis
 Cluster, core.redis_topology) the script cannot reach the worker's queue: it decides and records, and
-the caller pushes the task on the broker (app.enqueue), two round trips instead of one.
+the caller pushes the task on the broker (app.requests.enqueue), two round trips instead of one.
 
 Releases and prefill-done marks ride along with the router's next decision (applied first in its
 script), or go in one call of their own within :data:`SETTLE_DELAY_S` when no decision comes first.
@@ -36,14 +36,11 @@ import functools
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-import numpy as np
-import redis.asyncio as aioredis
 
 from core.background import BackgroundTasks
 from core.errors import NoWorkerAvailable
 from core.keys import Keys
+from core.redis_topology import IndexClient
 from core.settings import RouterSettings
 from router.cluster_channel import routing_channel
 from router.hashing import block_hashes, root_hash, token_bytes
@@ -51,8 +48,7 @@ from router.inflight import Decision, InflightStore
 from router.policies import RouteDecision, RouteRequest, RouterOverrides
 from router.prefix_index import PrefixIndex
 from router.registry import LiveWorker
-from router.scoring import CostTerms, cost_terms, evaluate, pick_index
-from router.time_cost import TimeWeights, time_costs
+from router.time_cost import TimeWeights
 from router.worker_table import TableBuilder, WorkerTable
 
 log = logging.getLogger(__name__)
@@ -63,26 +59,10 @@ _root_hash = functools.lru_cache(maxsize=1024)(root_hash)
 SETTLE_DELAY_S = 0.005
 
 
-@dataclass(frozen=True, slots=True)
-class Scored:
-    """A scored request: per candidate worker (aligned arrays, in the order of the table's rows) what the
-    decision needs."""
-
-    table: WorkerTable
-    chains: list[list[int]]
-    prompt: np.ndarray
-    overlap: np.ndarray
-    terms: CostTerms
-    temperature: float
-    pinned: int | None
-    decode: np.ndarray
-    prefill: np.ndarray
-
-
 class KvPolicy:
     """The ``kv`` routing mode; one instance per process, shared by all its requests."""
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, settings: RouterSettings,
+    def __init__(self, client: IndexClient, keys: Keys, settings: RouterSettings,
                  *, rng: random.Random | None = None, enqueues: bool = True) -> None:
         """``client``: the Redis holding the routing state; ``enqueues``: it is also the broker, so the
         deciding script pushes the task message (False: the caller enqueues it)."""
@@ -113,13 +93,10 @@ class KvPolicy:
         if not workers:
             raise NoWorkerAvailable(f"no live worker serves model {request.model!r}")
         table = self._table(request.model, workers)
-        tokens = token_bytes(request.token_ids)
-        root = _root_hash(request.model, request.lora)
-        n_tokens = len(tokens) // 4
         self._model_of[request.request_id] = request.model  # release() works even if the call fails
         settle = self._take_pending(request.model)
         try:
-            decision = await self._decide(request, table, tokens, n_tokens, root, settle)
+            decision = await self._decide(request, table, settle)
         except BaseException:
             self._requeue(request.model, settle)
             raise
@@ -130,9 +107,13 @@ class KvPolicy:
         return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=decision.overlap,
                              cost=decision.cost, enqueued=request.task is not None and self.enqueues)
 
-    async def _decide(self, request: RouteRequest, table: WorkerTable, tokens: bytes, n_tokens: int, root: int,
-                      settle: list[tuple[str, str]]) -> Decision:
+    async def _decide(self, request: RouteRequest, table: WorkerTable, settle: list[tuple[str, str]], *,
+                      dry: bool = False) -> Decision:
+        """The deciding script's call for ``request`` over ``table``: its chain hashed at each block size."""
         over = request.overrides
+        tokens = token_bytes(request.token_ids)
+        root = _root_hash(request.model, request.lora)
+        n_tokens = len(tokens) // 4
         return await self.inflight.decide(
             request.model, request.request_id, table.candidates,
             [block_hashes(tokens, bs, root) for bs in table.roster.block_sizes],
@@ -140,8 +121,8 @@ class KvPolicy:
             weight=self.settings.overlap_score_weight if over.overlap_score_weight is None else over.overlap_score_weight,
             temperature=self.settings.temperature if over.temperature is None else over.temperature,
             u=self._rng.random(), pinned=table.roster.position.get(over.worker_id) if over.worker_id else None,
-            approx_ttl_s=self.settings.approx_ttl_s, task=request.task if self.enqueues else None, settle=settle,
-            time_weights=self._time_weights(over))
+            approx_ttl_s=self.settings.approx_ttl_s, task=request.task if self.enqueues and not dry else None,
+            settle=settle, time_weights=self._time_weights(over), dry=dry)
 
     async def prepare(self, model: str, workers: Sequence[LiveWorker]) -> None:
         """Build the candidate table of ``workers`` and store it in Redis now, off the request path (the
@@ -151,15 +132,15 @@ class KvPolicy:
             await self.inflight.store(model, self._table(model, workers).candidates)
 
     async def best(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
-        """The decision :meth:`choose` would make, recording nothing (the standalone router's query)."""
-        s = await self._score(request, workers)
-        weights = self._time_weights(request.overrides)
-        costs = evaluate(s.terms, s.prefill, s.decode) if weights is None else \
-            time_costs(s.prompt, s.overlap, s.prefill, s.table.active, s.decode, s.table.timing, weights)
-        idx = s.pinned if s.pinned is not None else pick_index(costs, s.temperature, self._rng.random())
-        record = s.table.workers[idx].record
-        return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=int(s.overlap[idx]),
-                             cost=float(costs[idx]))
+        """The decision :meth:`choose` would make, by the same script in its dry mode: nothing is
+        recorded, pushed or settled (the standalone router's query). One round trip."""
+        if not workers:
+            raise NoWorkerAvailable(f"no live worker serves model {request.model!r}")
+        table = self._table(request.model, workers)
+        decision = await self._decide(request, table, [], dry=True)
+        record = table.workers[decision.index].record
+        return RouteDecision(worker_id=record.worker_id, queue=record.queue, overlap_blocks=decision.overlap,
+                             cost=decision.cost)
 
     def release(self, request_id: str) -> None:
         """The request finished: drop its prediction (in the background; see :meth:`flush`)."""
@@ -215,33 +196,3 @@ class KvPolicy:
     # ---- the steps ------------------------------------------------------------------------------
     def _table(self, model: str, workers: Sequence[LiveWorker]) -> WorkerTable:
         return self._tables.table(model, workers)
-
-    async def _score(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> Scored:
-        if not workers:
-            raise NoWorkerAvailable(f"no live worker serves model {request.model!r}")
-        over = request.overrides
-        table = self._table(request.model, workers)
-        n = len(workers)
-        tokens = token_bytes(request.token_ids)
-        root = _root_hash(request.model, request.lora)
-        chains = [block_hashes(tokens, bs, root) for bs in table.roster.block_sizes]
-        indexed = table.roster.indexed
-        read = await self.index.read(request.model, chains, table.roster.slots[indexed], with_sums=True)
-        overlap = np.zeros(n, dtype=np.int64)
-        decode = np.zeros(n, dtype=np.int64)
-        prefill = np.zeros(n, dtype=np.int64)
-        if indexed.size:
-            # Bits at a slot count only while the index says the slot is this worker's (not a gone one's).
-            held = read.overlaps[0] if len(chains) == 1 else \
-                np.stack(read.overlaps)[table.roster.chain_no[indexed], np.arange(indexed.size)]
-            overlap[indexed] = np.where(read.tags == table.roster.tags, held, 0)
-            decode[indexed], prefill[indexed] = read.decode, read.prefill
-        prompt = -(-(len(tokens) // 4) // table.roster.sizes)
-        weight = self.settings.overlap_score_weight if over.overlap_score_weight is None else over.overlap_score_weight
-        return Scored(
-            table=table, chains=chains, prompt=prompt, overlap=overlap,
-            terms=cost_terms(prompt, overlap, table.active, table.roster.sizes, weight=weight),
-            temperature=self.settings.temperature if over.temperature is None else over.temperature,
-            pinned=table.roster.position.get(over.worker_id) if over.worker_id else None,
-            decode=decode, prefill=prefill,
-        )

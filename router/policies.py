@@ -33,7 +33,7 @@ class RouterOverrides:
     disagg: str | None = None
     disagg_min_tokens: float | None = None
     disagg_min_ratio: float | None = None
-    #: Moves allowed when the serving worker is lost (app.generation), capped by the deployment's.
+    #: Moves allowed when the serving worker is lost (app.requests.generation), capped by the deployment's.
     max_migrations: float | None = None
 
 

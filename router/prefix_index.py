@@ -48,11 +48,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import redis.asyncio as aioredis
 import xxhash
 
 from core.keys import KV_EVENTS_STREAM_MAXLEN, Keys
-from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch, encode_kv_batch
+from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, encode_kv_batch
+from core.redis_topology import IndexClient
+from core.redis_values import ScriptArg, text
 from router import index_scripts
 from router.cluster_channel import ClusterChannel, routing_channel
 from router.resp import hex_digits, pack_command, pack_mget
@@ -135,7 +136,7 @@ def _uint32_at(blob: bytes, offsets: np.ndarray) -> np.ndarray:
 
 
 class PrefixIndex:
-    def __init__(self, client: aioredis.Redis, keys: Keys, *, stream_maxlen: int = KV_EVENTS_STREAM_MAXLEN,
+    def __init__(self, client: IndexClient, keys: Keys, *, stream_maxlen: int = KV_EVENTS_STREAM_MAXLEN,
                  channel: RespChannel | ClusterChannel | None = None) -> None:
         self.client = client
         self.keys = keys
@@ -163,7 +164,7 @@ class PrefixIndex:
         Events apply in order. ``BlockStored.parent_hash`` is not needed: a chained hash already names
         its whole prefix. Removing a block the index does not list for the worker is a no-op."""
         keys = [*self._worker_keys(batch.worker_id, model), self.keys.kv_events_of(model)]
-        args = [batch.worker_id, slot, batch.event_id, model, self.keys.kv_block_prefix(model), self.stream_maxlen,
+        args: list[ScriptArg] = [batch.worker_id, slot, batch.event_id, model, self.keys.kv_block_prefix(model), self.stream_maxlen,
                 encode_kv_batch(batch) if publish else b"", owner_tag(batch.worker_id), *_ops(batch)]
         status, last, stored, removed = await self._apply(keys=keys, args=args)
         return ApplyResult(status.decode(), int(last), int(stored), int(removed))
@@ -184,9 +185,9 @@ class PrefixIndex:
         for start in range(0, max(len(hashes), 1), RESYNC_CHUNK_BLOCKS):
             part = hashes[start:start + RESYNC_CHUNK_BLOCKS]
             first = start == 0
-            events = [AllBlocksCleared(), BlockStored(part)] if first else [BlockStored(part)]
+            events: list[KvEvent] = [AllBlocksCleared(), BlockStored(part)] if first else [BlockStored(part)]
             payload = encode_kv_batch(KvEventBatch(worker_id, event_id, events)) if publish else b""
-            args = [worker_id, slot, event_id, model, prefix, self.stream_maxlen, payload, owner_tag(worker_id),
+            args: list[ScriptArg] = [worker_id, slot, event_id, model, prefix, self.stream_maxlen, payload, owner_tag(worker_id),
                     1 if first else 0, RESYNC_CHUNK_BLOCKS, hex_digits(part)]
             busy_with: set[str] = set()
             while True:
@@ -230,7 +231,7 @@ class PrefixIndex:
     async def _drop_ownership(self, slot: int, owner: str, model: str) -> None:
         """Forget an owner the index has no record of (someone deleted its keys by hand)."""
         owners, tags = self.keys.kv_slot_owners_of(model), self.keys.kv_slot_tags_of(model)
-        if (await self.client.hget(owners, slot) or b"").decode() != owner:
+        if text(await self.client.hget(owners, slot) or b"") != owner:
             return
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hdel(owners, slot)
@@ -242,7 +243,7 @@ class PrefixIndex:
         self,
         model: str,
         chains: Sequence[Sequence[int]],
-        slots: Sequence[int],
+        slots: Sequence[int] | np.ndarray,
         *,
         with_sums: bool = False,
     ) -> IndexRead:
@@ -287,7 +288,7 @@ class PrefixIndex:
     async def owners(self, model: str | None = None) -> dict[int, str]:
         """slot -> worker whose bits the index holds there (with hash tags: in ``model``'s index)."""
         raw = await self.client.hgetall(self.keys.kv_slot_owners if model is None else self.keys.kv_slot_owners_of(model))
-        return {int(s): w.decode() for s, w in raw.items()}
+        return {int(s): text(w) for s, w in raw.items()}
 
     async def sizes(self, worker_ids: Sequence[str], model: str | None = None) -> dict[str, int]:
         """How many blocks the index lists for each worker (events and approximate guesses; with hash

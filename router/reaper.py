@@ -37,6 +37,7 @@ import redis.asyncio as aioredis
 
 from core.keys import broker_binding_member
 from core.lua import lua_script
+from core.redis_values import ScriptArg
 from router.prefix_index import PURGE_CHUNK_BLOCKS, PrefixIndex
 from router.registry import Registry, WorkerQueue
 
@@ -100,7 +101,7 @@ class Reaper:
         cleared = 0
         while True:
             ended_before = time.time() - self.grace_s
-            args = [worker_id, ended_before, PURGE_CHUNK_BLOCKS, len(lists), broker_binding_member(queue.queue)]
+            args: list[ScriptArg] = [worker_id, ended_before, PURGE_CHUNK_BLOCKS, len(lists), broker_binding_member(queue.queue)]
             status, blocks, dropped, removed = await self._reap(keys=keys, args=args)
             cleared += int(blocks)
             status = status.decode()
@@ -170,7 +171,7 @@ class SplitReaper(Reaper):
         live = {w.record.worker_id for w in live_workers}
         models = {q.model for q in records.values() if q.model} | {w.record.model for w in live_workers}
         # With hash tags every model's index has its own slot owners; without, one map serves them all.
-        groups: list[str | None] = sorted(models) if self.registry.keys.hash_tags else [None]
+        groups: list[str | None] = [m for m in sorted(models)] if self.registry.keys.hash_tags else [None]
         owners_by_model = {m: set((await self.index.owners(m)).values()) for m in groups}
         self._models = {wid: m for m, owners in owners_by_model.items() if m for wid in owners}
         owners = set().union(*owners_by_model.values())

@@ -14,17 +14,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
-
-import redis.asyncio as aioredis
+from typing import Any, cast
 
 from core.keys import MAX_WORKER_SLOTS, Keys
 from core.lua import lua_script
+from core.pools import Pool
+from core.redis_topology import IndexClient
+from core.redis_values import text
 from router.cluster_channel import ClusterChannel, routing_channel
 from router.resp import pack_command
 from router.resp_channel import RespChannel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +39,13 @@ class WorkerIdentity:
     worker_id: str
     model: str
     model_path: str
-    pool: str
+    pool: Pool
     queue: str
     pool_queue: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pool, Pool):  # built from a name ("agg"): the type, so callers may ask it
+            object.__setattr__(self, "pool", Pool(self.pool))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +133,18 @@ def _parse_bool(raw: str) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
-_PARSERS = {"int": int, "float": float, "str": str, "bool": _parse_bool}
+def _parse_pool(raw: str) -> Pool:
+    return Pool(raw)  # type: ignore[call-arg]  # a lookup by value (EnumMeta.__call__), not the members' __new__
+
+
+_PARSERS: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str, "bool": _parse_bool,
+                                                "Pool": _parse_pool}
 
 
 @functools.cache
 def _field_parsers(cls: type) -> dict[bytes, tuple[str, Callable[[str], object]]]:
     """Per field of a dataclass, keyed by its name as Redis returns it: the name and its parser."""
-    out = {}
+    out: dict[bytes, tuple[str, Callable[[str], object]]] = {}
     for f in fields(cls):
         name = f.type.__name__ if isinstance(f.type, type) else str(f.type)
         out[f.name.encode()] = (f.name, _PARSERS[name])
@@ -169,9 +183,11 @@ def _load(values: Sequence[bytes | None]) -> WorkerLoad:
     """A load from ``HMGET load`` of :data:`_LOAD_FIELDS`; fields the hash lacks (an older writer, or no
     hash at all) keep their defaults."""
     if None not in values:
-        return WorkerLoad(*[parse(raw) for parse, raw in zip(_LOAD_PARSERS, values, strict=True)])
-    return WorkerLoad(**{name: parse(raw) for name, parse, raw in zip(_LOAD_FIELDS, _LOAD_PARSERS, values, strict=True)
-                         if raw is not None})
+        every: list[Any] = [parse(raw) for parse, raw in zip(_LOAD_PARSERS, values, strict=True) if raw is not None]
+        return WorkerLoad(*every)
+    present: dict[str, Any] = {name: parse(raw) for name, parse, raw in zip(_LOAD_FIELDS, _LOAD_PARSERS, values, strict=True)
+                               if raw is not None}
+    return WorkerLoad(**present)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -191,7 +207,7 @@ def _marker(reply: Sequence[bytes] | dict[bytes, bytes]) -> list[bytes | None]:
     return [values.get(b"slot"), values.get(b"started_at")]
 
 class Registry:
-    def __init__(self, client: aioredis.Redis, keys: Keys, *,
+    def __init__(self, client: IndexClient, keys: Keys, *,
                  channel: RespChannel | ClusterChannel | None = None) -> None:
         self.client = client
         self.keys = keys
@@ -201,6 +217,8 @@ class Registry:
         #: The registrations the last ``live_workers`` saw, by worker id: their slot and start time as
         #: Redis holds them, and the parsed record.
         self._records: dict[bytes, tuple[list[bytes | None], WorkerRecord]] = {}
+        #: Workers whose registration this release cannot read (warned about once each).
+        self._unreadable: set[bytes] = set()
 
     async def register(self, record: WorkerRecord, load: WorkerLoad, ttl_s: float) -> WorkerRecord:
         """Claim a slot and write the registration under a fresh lease; returns the record with its slot.
@@ -302,7 +320,13 @@ class Registry:
                 rec_raw = full.get(wid, rec_raw)
                 if not rec_raw:  # deregistered or expired between the two reads
                     continue
-                record = _coerce(WorkerRecord, rec_raw)  # type: ignore[assignment]
+                try:
+                    record = cast(WorkerRecord, _coerce(WorkerRecord, rec_raw))
+                except ValueError as exc:  # a newer worker's (a pool this release does not know): not routed to
+                    if wid not in self._unreadable:
+                        self._unreadable.add(wid)
+                        log.warning("worker %s: its registration is unreadable here (%s); not routed to", wid.decode(), exc)
+                    continue
                 marker = _marker(rec_raw)
             seen[wid] = (marker, record)
             if model is not None and record.model != model:
@@ -314,16 +338,17 @@ class Registry:
     async def expired_workers(self) -> list[str]:
         """Workers whose lease ended (expired, or deregistered) and whom no reaper has forgotten yet."""
         now = time.time()
-        return [w.decode() for w in await self.client.zrangebyscore(self.keys.workers, "-inf", now)]
+        expired = await self.client.zrangebyscore(self.keys.workers, "-inf", now)  # no scores: names only
+        return [text(cast(bytes, w)) for w in expired]
 
     async def recorded_workers(self) -> list[str]:
         """Every worker whose queue is on record: live ones, and gone ones not reaped yet."""
-        return [w.decode() for w in await self.client.hkeys(self.keys.worker_queues)]
+        return [text(w) for w in await self.client.hkeys(self.keys.worker_queues)]
 
     async def worker_queues(self) -> dict[str, WorkerQueue]:
         """Every queue record (live workers, and gone ones not reaped yet)."""
         raw = await self.client.hgetall(self.keys.worker_queues)
-        return {w.decode(): WorkerQueue(**json.loads(q)) for w, q in raw.items()}
+        return {text(w): WorkerQueue(**json.loads(q)) for w, q in raw.items()}
 
     async def worker_queue(self, worker_id: str) -> WorkerQueue | None:
         """The worker's own queue, as it registered it (None: no record, e.g. already reaped)."""

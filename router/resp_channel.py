@@ -38,7 +38,7 @@ import contextlib
 import hashlib
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import hiredis
 import redis.asyncio as aioredis
@@ -46,10 +46,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from core import redis_connection
 from router.resp import pack_args, pack_command
 
 #: The connection classes whose settings the channel knows how to reproduce.
-_PLAIN_CLASSES = (aioredis.Connection, aioredis.UnixDomainSocketConnection)
+_PLAIN_CLASSES = (aioredis.Connection, aioredis.UnixDomainSocketConnection, redis_connection.Connection,
+                  redis_connection.UnixDomainSocketConnection)
 
 
 def _reply_error(message: str) -> ResponseError:
@@ -188,7 +190,8 @@ class RespChannel:
         else:
             connect = loop.create_connection(_RespProtocol, kwargs.get("host", "localhost"), kwargs.get("port", 6379))
         try:
-            transport, protocol = await asyncio.wait_for(connect, timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: a cancel during the connect is never lost
+                transport, protocol = await connect
         except (TimeoutError, OSError) as exc:
             raise RedisConnectionError(f"cannot connect to Redis for routing: {exc}") from exc
         handshake = []
@@ -214,7 +217,7 @@ class RespChannel:
 async def _through_pool(client: aioredis.Redis, packed: bytes, replies: int) -> list[Any]:
     """The same round trip on a connection of the client's pool."""
     pool = client.connection_pool
-    conn = await pool.get_connection()
+    conn = await pool.get_connection()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
     try:
         await conn.send_packed_command(packed)
         return [await conn.read_response(disable_decoding=True) for _ in range(replies)]
@@ -226,11 +229,19 @@ async def _through_pool(client: aioredis.Redis, packed: bytes, replies: int) -> 
         await pool.release(conn)
 
 
+class Channel(Protocol):
+    """What a script needs of a channel: a packed call, and the client that loads scripts."""
+
+    client: Any
+
+    async def call(self, packed: bytes, replies: int) -> list[Any]: ...
+
+
 class PackedScript:
     """A Lua script called through a channel with hand-packed arguments (``EVALSHA``, loading the
     script on ``NOSCRIPT``)."""
 
-    def __init__(self, channel: RespChannel, source: str) -> None:
+    def __init__(self, channel: Channel, source: str) -> None:
         self.channel = channel
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()

@@ -1,4 +1,4 @@
-"""Pure scoring for KV-aware routing: overlaps from bitmaps, costs, the pick. No I/O.
+"""KV-aware routing's block cost, and reading overlaps from the index's bitmaps. No I/O.
 
 For each candidate worker ``w`` (block size ``B_w``) and a prompt of ``T`` tokens::
 
@@ -14,6 +14,10 @@ would double the load term. The routers' view is the fresh one (it includes requ
 those routed a moment ago by any frontend), the heartbeat the complete one (it includes traffic that
 did not come through a KV router). ``B_w / B_min`` makes block counts of workers with different block
 sizes comparable (in blocks of the smallest size); it is 1 when all sizes agree.
+
+The costs and the pick are computed in Redis, by the deciding script (router/lua/decide.lua), for
+routed requests and for the standalone router's queries alike; tests/router/cost_oracle.py holds an
+independent numpy version as the tests' oracle.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,80 +72,3 @@ def leading_overlaps(bitmaps: Sequence[bytes], slots: Sequence[int] | np.ndarray
 def prompt_blocks(n_tokens: int, block_size: int | np.ndarray) -> int | np.ndarray:
     """Blocks a prompt of ``n_tokens`` occupies, the partial last block included (elementwise)."""
     return -(-n_tokens // block_size)
-
-
-@dataclass(frozen=True, slots=True)
-class CostTerms:
-    """The parts of each worker's cost that do not depend on the shared in-flight sums, so that
-    ``cost = static + queued_weight × queued + decode_weight × max(active, predicted)`` (this order of
-    operations is also the one the routing script in Redis evaluates, so both agree to the last bit)."""
-
-    static: np.ndarray
-    queued_weight: np.ndarray
-    decode_weight: np.ndarray
-    active: np.ndarray
-
-
-def cost_terms(
-    prompt: Sequence[int] | np.ndarray,
-    overlap: Sequence[int] | np.ndarray,
-    active: Sequence[int] | np.ndarray,
-    block_sizes: Sequence[int] | np.ndarray,
-    *,
-    weight: float,
-) -> CostTerms:
-    """``scale = B_w / B_min``; ``static = scale × weight × (prompt − overlap)``;
-    ``queued_weight = scale × weight``; ``decode_weight = scale``."""
-    sizes = np.asarray(block_sizes, dtype=np.float64)
-    scale = sizes / sizes.min()
-    uncached = np.asarray(prompt, dtype=np.float64) - np.asarray(overlap, dtype=np.float64)
-    return CostTerms(static=scale * weight * uncached, queued_weight=scale * weight, decode_weight=scale,
-                     active=np.asarray(active, dtype=np.float64))
-
-
-def evaluate(terms: CostTerms, queued_prefill: Sequence[int] | np.ndarray,
-             predicted: Sequence[int] | np.ndarray) -> np.ndarray:
-    """The costs given the in-flight sums (see :class:`CostTerms`)."""
-    queued = np.asarray(queued_prefill, dtype=np.float64)
-    decode = np.maximum(terms.active, np.asarray(predicted, dtype=np.float64))
-    return terms.static + terms.queued_weight * queued + terms.decode_weight * decode
-
-
-def kv_costs(
-    prompt: Sequence[int] | np.ndarray,
-    overlap: Sequence[int] | np.ndarray,
-    queued_prefill: Sequence[int] | np.ndarray,
-    active: Sequence[int] | np.ndarray,
-    predicted: Sequence[int] | np.ndarray,
-    block_sizes: Sequence[int] | np.ndarray,
-    *,
-    weight: float,
-) -> np.ndarray:
-    """``cost_w = (B_w / B_min) × (weight × (prompt_w − overlap_w + queued_w) + max(active_w, predicted_w))``,
-    elementwise over the workers (see the module docstring for the terms)."""
-    return evaluate(cost_terms(prompt, overlap, active, block_sizes, weight=weight), queued_prefill, predicted)
-
-
-def pick_index(costs: Sequence[float] | np.ndarray, temperature: float, u: float) -> int:
-    """The chosen index, given ``u`` drawn uniformly from [0, 1).
-
-    ``temperature == 0``: among the ``k`` indices of minimum cost (in order), the ``floor(u × k)``-th.
-    ``temperature > 0``: index ``i`` with probability ``exp(−(c_i − c_min)/T) / Σ_j exp(−(c_j − c_min)/T)``,
-    i.e. ``softmax(−cost / T)`` (shifting by ``c_min`` changes nothing but avoids underflow): the first
-    index whose cumulative weight exceeds ``u ×`` the total."""
-    c = np.asarray(costs, dtype=np.float64)
-    if c.size == 0:
-        raise ValueError("no costs to pick from")
-    low = c.min()
-    if temperature <= 0:
-        best = np.flatnonzero(c == low)
-        return int(best[int(u * best.size)])
-    cumulative = np.cumsum(np.exp(-(c - low) / temperature))
-    return int(min(np.searchsorted(cumulative, u * cumulative[-1], side="right"), c.size - 1))
-
-
-def softmax_probabilities(costs: Sequence[float] | np.ndarray, temperature: float) -> np.ndarray:
-    """The distribution :func:`pick_index` samples from when ``temperature > 0``."""
-    c = np.asarray(costs, dtype=np.float64)
-    weights = np.exp(-(c - c.min()) / temperature)
-    return weights / weights.sum()

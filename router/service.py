@@ -5,6 +5,8 @@ with the KV-aware policy's choice without routing anything (nothing is recorded 
 
     POST /best_worker  {"model": "smollm2", "token_ids": [1, 2, 3]}      (or "text": "..."; "pool": "prefill" for the prefill pool)
         -> {"worker_id": "...", "queue": "...", "overlap_blocks": 0, "cost": 3.0}
+           with a prefill pool, the whole plan the frontend would make (router.request_plan):
+           "disagg_reason": "long uncached prompt", "prefill": {"worker_id": ..., "queue": ..., ...}
     GET  /workers[?model=...]
         -> {"object": "list", "data": [{"worker_id": ..., "load": {...}, "index_blocks": ..., "metrics_url": ...}, ...]}
     POST /clear_kv_blocks  {"worker_id": "w1"}    (or {} for every worker)
@@ -24,7 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, Field, model_validator
@@ -36,10 +38,14 @@ from core.settings import Settings, get_settings
 from router.control import clear_kv_blocks
 from router.disagg import split_pools
 from router.kv_policy import KvPolicy
-from router.policies import RouteRequest, RouterOverrides
+from router.policies import RouteDecision, RouteRequest, RouterOverrides
 from router.reaper import run_reaper
 from router.registry import LiveWorker, Registry
+from router.request_plan import PlanRequest, disagg_mode, disagg_thresholds, plan_route
 from router.worker_table import publishes_kv_events
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 TokenId = Annotated[int, Field(ge=0, lt=2**32)]
 
@@ -54,6 +60,11 @@ class BestWorkerRequest(BaseModel):
     #: Which of the model's workers to pick from: ``serving``, those that answer requests (decode and
     #: aggregated workers, as the frontend routes), or ``prefill``, the prefill pool.
     pool: Literal["serving", "prefill"] = "serving"
+    #: With ``pool`` ``serving``: whether a prefill worker computes the prompt, as for a request with
+    #: ``x-sluice-router: disagg=...`` (None: the deployment's setting); and ``auto``'s thresholds.
+    disagg: Literal["auto", "on", "off"] | None = None
+    disagg_min_tokens: int | None = Field(None, ge=0)
+    disagg_min_ratio: float | None = Field(None, ge=0, le=1)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> BestWorkerRequest:
@@ -62,11 +73,27 @@ class BestWorkerRequest(BaseModel):
         return self
 
 
-class BestWorkerResponse(BaseModel):
+class WorkerChoice(BaseModel):
     worker_id: str
     queue: str
     overlap_blocks: int
     cost: float
+
+    @classmethod
+    def of(cls, decision: RouteDecision, **more: Any) -> Self:
+        """The choice ``decision`` made (``more``: a subclass's other fields)."""
+        assert decision.worker_id is not None  # the kv policy always names one
+        return cls(worker_id=decision.worker_id, queue=decision.queue, overlap_blocks=decision.overlap_blocks,
+                   cost=decision.cost, **more)
+
+
+class BestWorkerResponse(WorkerChoice):
+    """The worker that would serve the request; where a prefill pool serves the model, why its prompt
+    would or would not be computed there (``disagg_reason``) and the prefill worker that would (``prefill``).
+    Fields that do not apply are left out."""
+
+    disagg_reason: str | None = None
+    prefill: WorkerChoice | None = None
 
 
 class ClearKvRequest(BaseModel):
@@ -108,7 +135,7 @@ class WorkerList(BaseModel):
 
 
 @functools.lru_cache(maxsize=16)
-def _tokenizer(path: str):  # type: ignore[no-untyped-def]
+def _tokenizer(path: str) -> Tokenizer:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(path)
@@ -150,13 +177,19 @@ class RouterService:
             raise NoWorkerAvailable(f"no live {which} serves model {body.model!r}", param="model")
         token_ids = body.token_ids if body.token_ids is not None else tokenize(workers[0].record.model_path,
                                                                                body.text or "")
-        request = RouteRequest(
-            request_id=f"best-{uuid.uuid4().hex}", model=body.model, token_ids=token_ids, lora=body.lora,
-            overrides=RouterOverrides(overlap_score_weight=body.overlap_score_weight, temperature=body.temperature))
-        decision = await self.policy.best(request, workers)
-        assert decision.worker_id is not None
-        return BestWorkerResponse(worker_id=decision.worker_id, queue=decision.queue,
-                                  overlap_blocks=decision.overlap_blocks, cost=decision.cost)
+        overrides = RouterOverrides(overlap_score_weight=body.overlap_score_weight, temperature=body.temperature,
+                                    disagg_min_tokens=body.disagg_min_tokens, disagg_min_ratio=body.disagg_min_ratio)
+        route = RouteRequest(request_id=f"best-{uuid.uuid4().hex}", model=body.model, token_ids=token_ids,
+                             lora=body.lora, overrides=overrides)
+        if body.pool == "prefill":
+            return BestWorkerResponse.of(await self.policy.best(route, workers))
+        plan = await plan_route(PlanRequest(route, serving, prefill,
+                                            disagg=disagg_mode(body.disagg, self.settings.disagg.enabled),
+                                            thresholds=disagg_thresholds(self.settings.disagg, overrides)),
+                                self.policy.best)
+        return BestWorkerResponse.of(plan.serving,
+                                     disagg_reason=plan.disagg.reason if plan.disagg is not None else None,
+                                     prefill=WorkerChoice.of(plan.prefill) if plan.prefill is not None else None)
 
     async def list_workers(self, model: str | None) -> WorkerList:
         workers = await self.workers(model)
@@ -204,13 +237,15 @@ def create_app(settings: Settings | None = None, *, reaper: bool = True) -> Fast
 
     install_error_handlers(app)
 
-    @app.post("/best_worker", response_model=BestWorkerResponse)
+    @app.post("/best_worker", response_model=BestWorkerResponse, response_model_exclude_none=True)
     async def best_worker(body: BestWorkerRequest, request: Request) -> BestWorkerResponse:
-        return await request.app.state.service.best_worker(body)
+        service: RouterService = request.app.state.service
+        return await service.best_worker(body)
 
     @app.get("/workers", response_model=WorkerList)
     async def workers(request: Request, model: str | None = Query(None)) -> WorkerList:
-        return await request.app.state.service.list_workers(model)
+        service: RouterService = request.app.state.service
+        return await service.list_workers(model)
 
     @app.post("/clear_kv_blocks", response_model=ClearKvResponse)
     async def clear_kv(body: ClearKvRequest, request: Request) -> ClearKvResponse:

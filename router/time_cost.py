@@ -1,4 +1,4 @@
-"""KV-aware routing's default cost: the predicted time to first token on each worker, in ms. Pure numpy.
+"""KV-aware routing's default cost: the predicted time to first token on each worker, in ms.
 
 Each worker measures its own step time (workers.timing_model) and publishes the fit with its load:
 ``pre(t) = max(0, p0 + p1 t + p2 t²)`` for ``t`` prompt tokens in a step, ``dec(u) = max(0, d0 + d1 u
@@ -23,8 +23,9 @@ every block it computes pushes one out, so under KV pressure a miss costs more t
 prefill, and keeping a prompt where its prefix already is keeps the other workers' caches intact. A worker that has not fitted its model
 yet (too few steps) is predicted with the mocker's published one (:data:`DEFAULT_TIMING`).
 
-The routing script in Redis (router/lua/decide.lua) computes the same costs in the same order of
-operations, so the two agree to the last bit (tests/router hold them equal).
+The routing script in Redis (router/lua/decide.lua) computes it; this module packs the columns it
+reads. tests/router/cost_oracle.py computes the same costs in numpy, in the same order of operations,
+as the tests' oracle (they agree to the last bit).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: The mocker's published model (workers/engines/mocker_timing.py, speedup 1):
+#: The mocker's published model (workers/engines/mocker/timing.py, speedup 1):
 #: ``p0, p1, p2, d0, d1, d2``.
 DEFAULT_TIMING = (16.50142, 1.518344e-02, 4.209989e-07, 5.74, 54.01, -25.74)
 #: A worker that does not say how many tokens one step computes is taken to compute this many.
@@ -71,39 +72,5 @@ def timing_matrix(coefficients: np.ndarray, budgets: Sequence[int] | np.ndarray,
                             np.asarray(running, dtype=np.float64), np.asarray(block_sizes, dtype=np.float64),
                             np.asarray(cached_blocks, dtype=np.float64)])
     # Single precision is plenty for a prediction and halves what the routers store per table (at 1,000
-    # workers, 44 KB): the columns are rounded to it here, so numpy and the script compute on the same values.
+    # workers, 44 KB): the columns are rounded to it here, so the tests' oracle and the script compute on the same values.
     return cols.reshape(len(budget), len(COLUMNS)).astype(np.float32).astype(np.float64)
-
-
-def _pre(cols: np.ndarray, t: np.ndarray) -> np.ndarray:
-    value = cols[:, 0] + cols[:, 1] * t + cols[:, 2] * t * t
-    return np.where(t > 0, np.maximum(value, 0.0), 0.0)
-
-
-def _prefill(cols: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``prefill(n)`` and its step count ``k`` (elementwise)."""
-    m = cols[:, 6]
-    k = np.ceil(n / m)
-    full = np.maximum(k - 1, 0.0)
-    return full * _pre(cols, m) + _pre(cols, n - full * m), k
-
-
-def time_costs(prompt: Sequence[int] | np.ndarray, overlap: Sequence[int] | np.ndarray,
-               queued: Sequence[int] | np.ndarray, active: Sequence[int] | np.ndarray,
-               predicted: Sequence[int] | np.ndarray, cols: np.ndarray, weights: TimeWeights) -> np.ndarray:
-    """The cost of each candidate (aligned arrays; ``queued``/``predicted``: the routers' in-flight
-    sums of queued prefill and decode blocks, ``active``: the heartbeat's blocks)."""
-    bs = cols[:, 9]
-    blocks = np.asarray(prompt, dtype=np.float64) - np.asarray(overlap, dtype=np.float64)
-    own = np.maximum(blocks * bs, 1.0)
-    q_blocks = np.asarray(queued, dtype=np.float64)
-    q = q_blocks * bs
-    busy = np.maximum(np.asarray(active, dtype=np.float64), np.asarray(predicted, dtype=np.float64))
-    total, k = _prefill(cols, q + own)
-    before, _ = _prefill(cols, q)
-    u = np.minimum(busy / cols[:, 7], 1.0)
-    dec = np.where(busy > 0, np.maximum(cols[:, 3] + cols[:, 4] * u + cols[:, 5] * u * u, 0.0), 0.0)
-    ttft = total + k * dec + dec * 0.5
-    slowdown = cols[:, 8] * (total - before)
-    evicted = np.maximum(blocks - (cols[:, 7] - np.maximum(cols[:, 10], busy) - q_blocks), 0.0)
-    return ttft + weights.slowdown * slowdown + weights.eviction * (evicted * bs * cols[:, 1])

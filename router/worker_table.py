@@ -1,5 +1,5 @@
-"""A decision's candidates as columns: the per-worker facts the deciding script and the numpy reference
-read, packed once per candidate list (router.kv_policy).
+"""A decision's candidates as columns: the per-worker facts the deciding script reads, packed once per
+candidate list (router.kv_policy).
 
 Usage::
 

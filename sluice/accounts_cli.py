@@ -16,6 +16,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -39,7 +40,7 @@ class CommandError(Exception):
         self.status = status
 
 
-def add_accounts_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_accounts_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     keys = subparsers.add_parser("keys", help="manage API keys", description=f"Manage API keys ({_DB_HELP}).")
     keys_sub = keys.add_subparsers(title="commands", metavar="COMMAND", required=True)
     p = keys_sub.add_parser("create", help="create a key and print it (only its hash is stored: copy it now)")

@@ -16,6 +16,9 @@ import sys
 import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 from core.settings import FrontendSettings, RouterSettings, get_settings
 
@@ -60,14 +63,14 @@ class Parser(argparse.ArgumentParser):
     """An argument parser whose subcommands inherit its formatter (argparse builds them with
     ``type(self)``, but passes no formatter down)."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)
 
 
-def _default(model: type, name: str) -> object:
+def _default(model: type[BaseModel], name: str) -> object:
     """A settings field's default: the help says what the process really uses."""
-    return model.model_fields[name].default  # type: ignore[attr-defined]
+    return model.model_fields[name].default
 
 
 def _version() -> str:
@@ -88,6 +91,8 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ["SLUICE_FRONTEND__HOST"] = args.host
     if args.port:
         os.environ["SLUICE_PORT"] = str(args.port)
+    if args.processes:  # read by every process from its settings (app.main)
+        os.environ["SLUICE_FRONTEND__PROCESSES"] = str(args.processes)
     get_settings.cache_clear()
     settings = get_settings()
     configure_logging(settings.log_format, args.log_level)
@@ -98,6 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
                                     auth=settings.auth, expect_workers=args.expect_workers),
                         to_log=settings.log_format == "json").start()
     uvicorn.run("app.main:create_app", factory=True, host=host, port=port, log_level=args.log_level,
+                workers=settings.frontend.processes,
                 log_config=None, access_log=False, loop="uvloop", http="httptools",
                 timeout_keep_alive=settings.frontend.keep_alive_s,
                 # A backstop behind the frontend's own drain (app/shutdown.py), which ends open
@@ -112,9 +118,7 @@ def _worker(args: argparse.Namespace) -> int:
         os.environ["SLUICE_WORKER__WORKER_ID"] = args.name
         get_settings.cache_clear()
     settings = get_settings()
-    engine_seqs = settings.worker.mocker.max_num_seqs if settings.worker.engine == "mocker" \
-        else settings.worker.vllm.max_num_seqs
-    concurrency = settings.worker.concurrency or engine_seqs
+    concurrency = settings.worker.concurrency or settings.worker.engine_settings().max_num_seqs
     from workers.celery_app import app, celery_global_options
 
     argv = [*celery_global_options(settings), "worker", "--pool", "threads", "-c", str(concurrency), "-l", args.log_level,
@@ -153,7 +157,7 @@ def _models_prepare(args: argparse.Namespace) -> int:
     from workers.models import UnknownModelError, prepare_model
 
     settings = get_settings()
-    weights = args.weights if args.weights is not None else settings.worker.engine != "mocker"
+    weights = args.weights if args.weights is not None else settings.worker.engine_settings().needs_weights
     try:
         path = prepare_model(args.name, settings.models_dir, weights=weights)
     except UnknownModelError as exc:
@@ -167,7 +171,7 @@ def _log_level(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info", help="log verbosity")
 
 
-def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_serve(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("serve", help="run the OpenAI-compatible frontend (HTTP API on port 8000)",
                        description="Run the OpenAI-compatible frontend (uvicorn, app.main:create_app). Once "
                                    "/ready is true it prints one line: the API URL, the models and their "
@@ -176,6 +180,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help=f"bind address (env SLUICE_FRONTEND__HOST; default {_default(FrontendSettings, 'host')})")
     p.add_argument("--port", type=int, default=None,
                    help=f"port (env SLUICE_PORT or SLUICE_FRONTEND__PORT; default {_default(FrontendSettings, 'port')})")
+    p.add_argument("--processes", type=int, default=None, metavar="N",
+                   help="frontend processes behind the port, each a whole frontend (env SLUICE_FRONTEND__PROCESSES; "
+                        f"default {_default(FrontendSettings, 'processes')}); more use more cores")
     _log_level(p)
     p.add_argument("--banner", action=argparse.BooleanOptionalAction, default=True,
                    help="print the ready line once /ready is true")
@@ -186,7 +193,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_serve)
 
 
-def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_worker(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("worker", help="run one engine worker (a Celery worker hosting one engine)",
                        description="Run one Celery worker (threads pool) hosting one inference engine. The "
                                    "engine, model and pool come from SLUICE_ENGINE (mocker or vllm), "
@@ -198,7 +205,7 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=_worker)
 
 
-def _add_router(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_router(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("router", help="run the standalone KV routing service (POST /best_worker)",
                        description="Run the standalone KV-aware routing service for gateways: POST "
                                    "/best_worker, GET /workers, POST /clear_kv_blocks (router/service.py).")
@@ -209,7 +216,7 @@ def _add_router(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=_router)
 
 
-def _add_bookkeeper(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_bookkeeper(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("bookkeeper", help="run the bookkeeper (writes usage records to the database)",
                        description="Run the bookkeeper: a Celery worker on the namespace's bookkeeping queue "
                                    "that writes the usage records frontends ship to the database "
@@ -218,7 +225,7 @@ def _add_bookkeeper(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=_bookkeeper)
 
 
-def _add_flower(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_flower(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("flower", help="run Flower, Celery's dashboard",
                        description="Run Flower on the stack's broker (SLUICE_REDIS_URL) and namespace "
                                    "(SLUICE_NAMESPACE): it sees that namespace's workers and tasks only. Its HTTP "
@@ -240,7 +247,7 @@ def _start(args: argparse.Namespace) -> int:
         return 2
 
 
-def _add_start(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_start(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("start", help="run a Procfile's processes together (make run's launcher)",
                        description="Start every process of a Procfile, as 'honcho start' does (honcho's own "
                                    "Procfile parser and process manager, in the current directory), but stop them "
@@ -283,7 +290,7 @@ def _drain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_drain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_drain(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("drain", help="take a worker out of routing and move its requests off it (it keeps running)",
                        description="Send the drain control command to one worker: it leaves routing at once, its "
                                    "running requests get SLUICE_WORKER__DRAIN_TIMEOUT_S to finish, then the rest "
@@ -311,7 +318,7 @@ def _status(args: argparse.Namespace) -> int:
     return run(get_settings(), watch_s=args.watch, as_json=args.json)
 
 
-def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_status(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("status", help="show the running deployment: models, pools, workers, frontends",
                        description="One screen on the deployment of SLUICE_REDIS_URL and SLUICE_NAMESPACE (and "
                                    "SLUICE_INDEX_REDIS_URL, where its routing state lives apart), read "
@@ -330,7 +337,7 @@ def _prometheus_targets(args: argparse.Namespace) -> int:
     return run(get_settings(), output=args.output, watch_s=args.watch)
 
 
-def _add_prometheus_targets(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_prometheus_targets(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("prometheus-targets", help="list every live process's metrics endpoint for Prometheus",
                        description="Print the metrics endpoint of every live frontend and worker of the namespace "
                                    "as Prometheus target groups (the file_sd_configs format; the frontend serves "
@@ -342,7 +349,7 @@ def _add_prometheus_targets(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p.set_defaults(func=_prometheus_targets)
 
 
-def _add_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_models(sub: argparse._SubParsersAction[Any]) -> None:
     models = sub.add_parser("models", help="prepare model directories",
                             description="Model directories under SLUICE_CACHE_DIR/models "
                                         "(default ~/.cache/sluice/models).")

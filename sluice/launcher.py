@@ -145,14 +145,15 @@ class PatientManager(Manager):
 
     def terminate(self) -> None:
         if self._timer is None:
-            self.say(f"stopping: each process may take up to {self.patience_s:.0f} s to finish what it "
-                      "runs; Ctrl-C again kills them now")
-            self._timer = threading.Timer(self.patience_s, self._lose_patience)
-            self._timer.daemon = True
-            self._timer.start()
+            # The second signal's handler is in place before the line that invites it is printed.
             if threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     signal.signal(sig, self._on_second_signal)
+            self._timer = threading.Timer(self.patience_s, self._lose_patience)
+            self._timer.daemon = True
+            self._timer.start()
+            self.say(f"stopping: each process may take up to {self.patience_s:.0f} s to finish what it "
+                      "runs; Ctrl-C again kills them now")
         super().terminate()
 
     def kill(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _observe(args: argparse.Namespace) -> int:
@@ -36,7 +37,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_observe_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_observe_commands(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("observe", help="run a local Prometheus scraping every process of the stack",
                        description="Run Prometheus (Debian's prometheus package) with a configuration that finds "
                                    "every live frontend and worker through the frontend's GET /prometheus/targets, "

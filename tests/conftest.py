@@ -14,7 +14,7 @@ import psutil
 import pytest
 import redis
 
-from sluice.devstack import RedisServer, stop_everything
+from bench.devstack import RedisServer, stop_everything
 from tests.support.leaks import RUN_TAG_VAR, RunSnapshot, describe, end_processes, orphaned_shm, tagged_processes
 
 _RUN = pytest.StashKey[RunSnapshot]()

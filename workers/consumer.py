@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 
 from celery.worker.consumer import Consumer as CeleryConsumer
-from kombu import Connection
+from kombu.connection import Connection
 
 #: Pauses between broker reconnect tries: the first, the growth per try, the longest.
 RECONNECT_PAUSES_S = (0.2, 0.2, 1.0)
@@ -38,7 +38,7 @@ class Consumer(CeleryConsumer):
         :data:`RECONNECT_PAUSES_S` between tries."""
         conn = self.app.connection_for_read(heartbeat=heartbeat)
         start, step, longest = RECONNECT_PAUSES_S
-        conn.ensure_connection = functools.partial(  # type: ignore[method-assign]
+        conn.ensure_connection = functools.partial(
             conn.ensure_connection, interval_start=start, interval_step=step, interval_max=longest)
         return self.ensure_connected(conn)
 

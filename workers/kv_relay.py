@@ -28,11 +28,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Literal, get_args
 
-import redis.asyncio as aioredis
-
 from core.keys import Keys
 from core.loops import BackgroundLoop, Backoff
 from core.messages import KvEvent, KvEventBatch
+from core.redis_topology import IndexClient
 from router.prefix_index import PrefixIndex
 from workers.engines.base import EngineKvEvent, KvTrackLost
 from workers.metrics import WorkerMetrics
@@ -52,7 +51,7 @@ RESYNC_REASONS: tuple[ResyncReason, ...] = get_args(ResyncReason)
 class KvRelay:
     """One per worker, on the engine loop. ``push`` is the engine's KV sink (never blocks)."""
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, worker_id: str, model: str,
+    def __init__(self, client: IndexClient, keys: Keys, worker_id: str, model: str,
                  metrics: WorkerMetrics | None = None) -> None:
         self.index = PrefixIndex(client, keys)
         self.worker_id = worker_id

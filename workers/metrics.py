@@ -136,7 +136,7 @@ class MetricsEndpoint:
     """A worker's ``/metrics``: prometheus_client's HTTP server on a daemon thread. :meth:`start`
     returns None when the settings turn it off; it raises OSError when the address cannot be bound."""
 
-    def __init__(self, server, url: str) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, server, url: str) -> None:
         self._server = server
         #: What the worker registers: where other processes reach the endpoint.
         self.url = url

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 @celeryd_after_setup.connect
-def _start_engine(sender: str, instance, **_: object) -> None:  # type: ignore[no-untyped-def]
+def _start_engine(sender: str, instance, **_: object) -> None:
     settings = get_settings()
     keys = Keys(settings.redis.namespace)
     if keys.bookkeeping_queue in instance.app.amqp.queues.consume_from:
@@ -60,7 +60,7 @@ def _start_engine(sender: str, instance, **_: object) -> None:  # type: ignore[n
         _die(f"model {settings.model!r}: no tokenizer at {model_path} (run `sluice models prepare {settings.model}` "
              "or set SLUICE_MODEL_PATH)")
     engine = create_engine(settings)
-    if settings.worker.pool in ("prefill", "decode") and not engine.supports_disaggregation:
+    if settings.worker.pool.transfers_kv and not engine.supports_disaggregation:
         _die(f"engine {settings.worker.engine!r} cannot serve the {settings.worker.pool} pool "
              "(it does not support disaggregated prefill)")
     host = EngineHost(settings, engine, identity)

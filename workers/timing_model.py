@@ -1,6 +1,6 @@
 """A worker's timing model, measured on itself: how long one engine step takes.
 
-The model has the shape of the mocker's (Dynamo's published one, workers/engines/mocker_timing.py),
+The model has the shape of the mocker's (Dynamo's published one, workers/engines/mocker/timing.py),
 with coefficients fitted from the worker's own timed steps::
 
     step_ms(t, decoding, u) = [t > 0] (p0 + p1 t + p2 t²) + [decoding] (d0 + d1 u + d2 u²)
@@ -10,7 +10,7 @@ decode tokens, ``u``: KV usage (active / total blocks). :class:`TimingFit` keeps
 timed steps and refits by least squares (columns scaled to unit size, so ``t²`` in the tens of
 millions does not swamp the constant) when asked and something new came in. The heartbeat publishes
 the fit with the worker's load (``WorkerLoad.timing``, :meth:`TimingModel.encode`), and routers
-predict a request's time to first token on each worker from it (router.scoring).
+predict a request's time to first token on each worker from it (router.time_cost).
 
 A fit of the mocker's steps recovers its configured model (to rounding; tests/workers); a fit of
 vLLM's steps, from its iteration details, describes the real engine on its hardware.
@@ -19,6 +19,7 @@ vLLM's steps, from its iteration details, describes the real engine on its hardw
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -62,10 +63,17 @@ class TimingFit:
         return self._model
 
 
-def fit(steps: object) -> TimingModel | None:
-    """The least-squares model of ``steps``, (tokens, decoding, usage, ms) tuples; None when they
-    cannot tell its parts apart (no step with prefill, or none with decode, leaves those at 0)."""
-    data = np.asarray(list(steps), dtype=np.float64)  # type: ignore[call-overload]
+#: The prefill's per-token and quadratic coefficients: a prompt never gets cheaper as it grows, so a fit
+#: that makes either negative (noisy steps, or prompts of a narrow range) refits without it.
+_NON_NEGATIVE = (1, 2)
+
+
+def fit(steps: Iterable[tuple[int, bool, float, float]]) -> TimingModel | None:
+    """The least-squares model of ``steps``, (tokens, decoding, usage, ms) tuples, with ``p1`` and
+    ``p2`` kept at 0 or above (the most negative one is dropped and the rest refitted, until none is
+    negative); None when they cannot tell its parts apart (no step with prefill, or none with decode,
+    leaves those at 0)."""
+    data = np.asarray(list(steps), dtype=np.float64)
     if data.size == 0:
         return None
     x = features(data[:, 0], data[:, 1] > 0, data[:, 2])
@@ -73,7 +81,11 @@ def fit(steps: object) -> TimingModel | None:
     used = scale > 0
     if not used.any():
         return None
-    coef = np.zeros(FIELDS)
-    sol, *_ = np.linalg.lstsq(x[:, used] / scale[used], data[:, 3], rcond=None)
-    coef[used] = sol / scale[used]
-    return TimingModel((coef[0], coef[1], coef[2]), (coef[3], coef[4], coef[5]))
+    while True:
+        coef = np.zeros(FIELDS)
+        sol, *_ = np.linalg.lstsq(x[:, used] / scale[used], data[:, 3], rcond=None)
+        coef[used] = sol / scale[used]
+        negative = [i for i in _NON_NEGATIVE if used[i] and coef[i] < 0]
+        if not negative:
+            return TimingModel((coef[0], coef[1], coef[2]), (coef[3], coef[4], coef[5]))
+        used[min(negative, key=lambda i: coef[i] * scale[i])] = False

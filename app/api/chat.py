@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions``: the chat template renders the messages (and tools); the reply is
 one assistant message per choice, streamed as deltas that open with the assistant's role. Its text
-is shaped into reasoning, content and tool calls by app.chat_output."""
+is shaped into reasoning, content and tool calls by app.output.chat."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from starlette.responses import Response
 from app.api.deps import CallerDep, RuntimeDep
 from app.api.openapi import STREAM_RESPONSE, error_responses
 from app.api.serving import Endpoint, serve
-from app.chat_output import ChoiceShaper, OutputPlan, output_plan, whole_message
-from app.chat_output import finish_reason as finish_reason_of
-from app.logprobs import Entries, chat_logprobs
 from app.model_card import ModelCard
-from app.prompting import chat_prompt_ids
+from app.output.chat import ChoiceShaper, OutputPlan, output_plan, whole_message
+from app.output.chat import finish_reason as finish_reason_of
+from app.output.logprobs import Entries, chat_logprobs
+from app.prompts.rendering import chat_prompt_ids
 from app.protocol.chat import (
     ChatChoice,
     ChatCompletion,

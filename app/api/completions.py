@@ -9,9 +9,9 @@ from starlette.responses import Response
 from app.api.deps import CallerDep, RuntimeDep
 from app.api.openapi import STREAM_RESPONSE, error_responses
 from app.api.serving import Endpoint, serve
-from app.logprobs import Entries, PromptEntries, completion_logprobs
 from app.model_card import ModelCard
-from app.prompting import completion_prompt_ids
+from app.output.logprobs import Entries, PromptEntries, completion_logprobs
+from app.prompts.rendering import completion_prompt_ids
 from app.protocol.completions import Completion, CompletionChoice, CompletionRequest
 from app.protocol.logprobs import CompletionLogprobs
 from core.errors import InvalidRequest

@@ -71,4 +71,5 @@ def parse_router_header(value: str | None) -> dict[str, object]:
 def router_overrides(header: str | None, extension: dict[str, object] | None) -> RouterOverrides:
     """The request's routing overrides: the body extension wins over the header."""
     merged = {**parse_router_header(header), **{k: v for k, v in (extension or {}).items() if v is not None}}
+    # The values are typed by their parsers (the header's, the extension's pydantic model), not here.
     return RouterOverrides(**merged)  # type: ignore[arg-type]

@@ -35,6 +35,6 @@ async def ready(rt: RuntimeDep) -> Response:
     models = {m: len(served.get(m, [])) for m in known}
     pools = {m: dict(Counter(w.record.pool for w in served.get(m, []))) for m in known}
     # A model is served once a worker can generate for it: prefill workers alone cannot.
-    is_ready = bool(models) and all(sum(n for p, n in pools[m].items() if p != "prefill") > 0 for m in known)
+    is_ready = bool(models) and all(sum(n for p, n in pools[m].items() if p.serves_clients) > 0 for m in known)
     return JSONResponse({"ready": is_ready, "models": models, "pools": pools}, status_code=200 if is_ready else 503,
                         headers=None if is_ready else {"Retry-After": "2"})

@@ -3,6 +3,8 @@ LoRA adapter on every worker of a model, or on one (``worker_id``), and drop it 
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 from starlette.responses import PlainTextResponse, Response
 
@@ -21,7 +23,7 @@ def _operator(principal: Principal | None) -> None:
     if principal is not None and not principal.is_admin:
         raise Forbidden("Loading and unloading LoRA adapters needs an admin key.", code="admin_key_required")
 
-_TEXT = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}}
+_TEXT: dict[int | str, dict[str, Any]] = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}}
 
 
 @router.post("/v1/load_lora_adapter", response_class=PlainTextResponse,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
@@ -25,14 +25,14 @@ from starlette.types import Receive, Scope, Send
 from app.accounts.service import Principal
 from app.api.deps import router_overrides
 from app.api.sse import DONE, StreamingEvents, sse_event
-from app.choices import Choices, choice_seed
-from app.generation import Generation, GenerationSpec, resolve_max_tokens, sampling_from
-from app.logprobs import Entries, PromptEntries
 from app.metrics import error_type
 from app.model_card import ModelCard
+from app.output.logprobs import Entries, PromptEntries
+from app.output.structured import check_engines, constraint_param, structured_from
 from app.protocol.common import SamplingFields, UsageInfo, encode, make_usage
+from app.requests.choices import Choices, choice_seed
+from app.requests.generation import Generation, GenerationSpec, resolve_max_tokens, sampling_from
 from app.runtime import FrontendRuntime
-from app.structured import check_engines, constraint_param, structured_from
 from core.errors import InvalidRequest, RequestPlaneUnavailable, ShuttingDown, SluiceError
 from core.http_errors import error_payload
 from core.settings import FrontendSettings
@@ -40,6 +40,8 @@ from core.settings import FrontendSettings
 WORKER_HEADER = "x-sluice-worker"
 #: Disaggregated requests: the prefill worker that computed the prompt (absent: prefilled locally).
 PREFILL_WORKER_HEADER = "x-sluice-prefill-worker"
+#: Why the prompt was or was not computed on a prefill worker (router.disagg; only where a prefill pool serves the model).
+DISAGG_REASON_HEADER = "x-sluice-disagg-reason"
 
 Body = TypeVar("Body", bound=SamplingFields)
 
@@ -144,7 +146,7 @@ async def serve(rt: FrontendRuntime, request: Request, body: Body, principal: Pr
 
 
 async def _events(choices: Choices, ep: Endpoint, card: ModelCard, model: str,
-                  include_usage: bool) -> AsyncIterator[bytes]:
+                  include_usage: bool) -> AsyncGenerator[bytes, None]:
     """The SSE events of a request's started choices. Events that are ready together go out in one
     write (each write is a send on the socket): a choice's opening with its first text, and the last
     finish chunk, usage and ``[DONE]`` at the end. A failure ends the stream with an error event and
@@ -210,7 +212,7 @@ async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFie
                         model: str | None = None, lora: str | None = None,
                         prompt_logprobs: int | None = None) -> Choices:
     """Check limits, routing parameters and quotas, then route and enqueue each of the request's
-    ``n`` choices (app.choices) to ``model`` (the request's own by default), with its LoRA adapter
+    ``n`` choices (app.requests.choices) to ``model`` (the request's own by default), with its LoRA adapter
     ``lora``. Nothing leaks if this raises."""
     model = model or body.model
     if rt.drain.draining:
@@ -258,7 +260,10 @@ def sampling_defaults(card: ModelCard, frontend: FrontendSettings) -> dict[str, 
     """What a request that leaves a sampling field out gets: the model's recommendation (with
     ``generation_config=auto``) under the deployment's own ``sampling_defaults``."""
     base = card.sampling_defaults if frontend.generation_config == "auto" else {}
-    return {**base, **frontend.sampling_defaults}
+    merged: dict[str, float] = dict(base)
+    for name, value in frontend.sampling_defaults.items():
+        merged[name] = value
+    return merged
 
 
 def worker_header(gen: Generation) -> dict[str, str]:
@@ -267,6 +272,8 @@ def worker_header(gen: Generation) -> dict[str, str]:
     headers = {WORKER_HEADER: worker} if worker else {}
     if gen.prefill_worker_id:
         headers[PREFILL_WORKER_HEADER] = gen.prefill_worker_id
+    if gen.plan is not None:
+        headers[DISAGG_REASON_HEADER] = gen.plan.reason
     return headers
 
 
@@ -275,7 +282,7 @@ class GenerationEvents(StreamingEvents):
     ends; if the client leaves before the generator ever ran, the response closes it here, so the
     router's prediction and the stream registration never leak."""
 
-    def __init__(self, events: AsyncIterator[bytes], choices: Choices, ping_s: float = 0) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], choices: Choices, ping_s: float = 0) -> None:
         super().__init__(events, ping_s=ping_s)
         self.choices = choices
         self.headers.update(worker_header(choices.first))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from sse_starlette import EventSourceResponse
 from starlette.types import Message, Receive, Scope, Send
@@ -32,7 +32,7 @@ class StreamingEvents(EventSourceResponse):
     request waiting in a queue keeps its connection through proxies' idle timeouts (clients skip
     comments); 0: none."""
 
-    def __init__(self, events: AsyncIterator[bytes], ping_s: float = 0) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], ping_s: float = 0) -> None:
         super().__init__(events, ping=ping_s, sep="\n", send_timeout=None)
         self._events = events
         self._ping_s = ping_s
@@ -68,7 +68,7 @@ class StreamingEvents(EventSourceResponse):
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            await self._events.aclose()  # type: ignore[attr-defined]
+            await self._events.aclose()
         if self.background is not None:
             await self.background()
 

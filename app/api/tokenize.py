@@ -11,8 +11,8 @@ from starlette.responses import Response
 from app.api.deps import CallerDep, RuntimeDep
 from app.api.openapi import error_responses
 from app.model_card import ModelCard
-from app.parser_choice import tool_parser_name
-from app.prompting import chat_prompt_ids, check_chars, check_tokens
+from app.output.parser_choice import tool_parser_name
+from app.prompts.rendering import chat_prompt_ids, check_chars, check_tokens
 from app.protocol.common import encode
 from app.protocol.tokenize import (
     DetokenizeRequest,

@@ -45,6 +45,7 @@ Content = Annotated[
 
 
 class ChatMessage(TypedDict):
+    # pydantic reads its config from this attribute, which the typing spec does not allow on a TypedDict.
     __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: NotRequired[Content | None]

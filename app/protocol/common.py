@@ -52,7 +52,7 @@ class SluiceExtension(BaseModel):
 
 class SamplingFields(BaseModel):
     """Sampling fields common to both endpoints, with OpenAI's ranges (and types: see
-    app.protocol.fields), and vLLM's extensions; every one reaches the engine (app.generation.sampling_from)."""
+    app.protocol.fields), and vLLM's extensions; every one reaches the engine (app.requests.generation.sampling_from)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -76,7 +76,7 @@ class SamplingFields(BaseModel):
     ignore_eos: Flag = False
     min_tokens: Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)] = 0
     stop_token_ids: list[TokenId] | None = None
-    # vLLM's structured outputs (app.structured): one constraint
+    # vLLM's structured outputs (app.output.structured): one constraint
     structured_outputs: StructuredOutputsRequest | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: NonEmptyText | None = None
@@ -97,7 +97,7 @@ class SamplingFields(BaseModel):
         return [valid_unicode(s) for s in stops]
 
     def stop_strings(self) -> list[str]:
-        return list(self.stop or [])  # type: ignore[arg-type]
+        return list(self.stop or [])
 
 
 class PromptTokensDetails(msgspec.Struct):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import msgspec
 from pydantic import Discriminator, Field, Strict, Tag, model_validator
@@ -54,9 +54,11 @@ class CompletionRequest(SamplingFields):
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text, or token ids."""
         p = self.prompt
-        if isinstance(p, str) or isinstance(p[0], int):
-            return [p]  # type: ignore[list-item]
-        return list(p)  # type: ignore[arg-type]
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p[0], int):  # one prompt of token ids
+            return [cast(list[int], p)]
+        return list(cast(list[str] | list[list[int]], p))
 
 
 class CompletionChoice(msgspec.Struct):

@@ -1,4 +1,4 @@
-"""Log probabilities in OpenAI's shapes (filled by app.logprobs)."""
+"""Log probabilities in OpenAI's shapes (filled by app.output.logprobs)."""
 
 from __future__ import annotations
 

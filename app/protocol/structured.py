@@ -1,5 +1,5 @@
 """Structured-output request fields: OpenAI's ``response_format`` and vLLM's ``structured_outputs``
-and ``guided_*`` extensions (turned into one core.messages.StructuredOutput by app.structured)."""
+and ``guided_*`` extensions (turned into one core.messages.StructuredOutput by app.output.structured)."""
 
 from __future__ import annotations
 

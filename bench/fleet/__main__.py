@@ -24,6 +24,7 @@ from bench.fleet.sim import Fleet, FleetSpec, as_dict
 from bench.fleet.workload import FleetWorkload
 from core.keys import Keys
 from core.redis_client import redis_options
+from core.redis_connection import use_bounded_send
 from core.settings import get_settings
 
 
@@ -49,6 +50,7 @@ async def run(args: argparse.Namespace) -> None:
     pool = aioredis.BlockingConnectionPool.from_url(args.redis_url, max_connections=args.connections, timeout=60,
                                                     **redis_options(retries=3, backoff_cap_s=0.5))
     client = aioredis.Redis(connection_pool=pool)
+    use_bounded_send(client)
     workload = FleetWorkload(seed=args.seed, groups=args.groups, prefix_tokens=args.prefix_tokens,
                              requests_per_worker=args.requests)
     spec = FleetSpec(workers=args.workers, first=args.first, kv_blocks=args.kv_blocks, heartbeat_s=args.heartbeat_s,

@@ -65,7 +65,8 @@ class FleetProcess:
         self.proc.stdin.close()
         try:
             answer = await _answer(self.proc, "stopped", STOP_TIMEOUT_S)
-            await asyncio.wait_for(self.proc.wait(), 30)
+            async with asyncio.timeout(30):
+                await self.proc.wait()
             return answer
         finally:
             _kill(self.proc)
@@ -74,7 +75,8 @@ class FleetProcess:
 async def _answer(proc: asyncio.subprocess.Process, expect: str, timeout_s: float = ANSWER_TIMEOUT_S) -> dict:
     assert proc.stdout is not None
     while True:
-        line = await asyncio.wait_for(proc.stdout.readline(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            line = await proc.stdout.readline()
         if not line:
             raise RuntimeError(f"fleet process {proc.pid} exited (code {await proc.wait()}) before answering {expect!r}")
         with contextlib.suppress(ValueError):

@@ -32,10 +32,11 @@ import redis.asyncio as aioredis
 from bench.fleet.workload import FleetWorkload, group_of, group_prefix, worker_prompt
 from core.keys import Keys
 from core.messages import BlockRemoved, BlockStored, SamplingParams
+from core.pools import Pool
 from core.settings import MockerSettings
 from router.registry import Registry, WorkerLoad, WorkerRecord
 from workers.engines.base import EngineKvEvent, EngineRequest
-from workers.engines.mocker import MockerEngine
+from workers.engines.mocker.engine import MockerEngine
 from workers.kv_relay import KvRelay
 from workers.metrics import WorkerMetrics
 
@@ -148,7 +149,7 @@ class Fleet:
     def _record(self, index: int, engine: MockerEngine) -> WorkerRecord:
         wid, info = worker_id(index), engine.info
         return WorkerRecord(
-            worker_id=wid, model=self.spec.model, model_path="", pool="agg", queue=self.keys.worker_queue(wid),
+            worker_id=wid, model=self.spec.model, model_path="", pool=Pool.AGG, queue=self.keys.worker_queue(wid),
             pool_queue=self.keys.pool_queue(self.spec.model, "agg"), engine=info.engine, block_size=info.block_size,
             kv_blocks=info.kv_blocks, max_num_seqs=info.max_num_seqs, context_length=info.context_length,
             started_at=time.time())
@@ -163,7 +164,7 @@ class Fleet:
         for index in range(self.spec.first, self.spec.first + self.spec.workers):
             engine = MockerEngine(self.spec.model, settings, context_length=settings.kv_blocks * settings.block_size)
             relay = KvRelay(self.client, self.keys, worker_id(index), self.spec.model, self.metrics)
-            worker = SimWorker(index, engine, relay, record=None)  # type: ignore[arg-type]
+            worker = SimWorker(index, engine, relay, record=None)  # type: ignore[arg-type]  # registered below
             await engine.start(worker.on_kv_events)
             worker.record = self._record(index, engine)
             self.workers.append(worker)
@@ -247,18 +248,20 @@ class Fleet:
                 await task
 
         async def leave(worker: SimWorker) -> None:
-            await asyncio.wait_for(worker.relay.close(), LEAVE_TIMEOUT_S)
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                await worker.relay.close()
             await self.registry.deregister(worker.record.worker_id)
-            await asyncio.wait_for(worker.engine.shutdown(), LEAVE_TIMEOUT_S)
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                await worker.engine.shutdown()
 
         await _bounded(32, [leave(w) for w in self.workers])
 
 
-async def _bounded(limit: int, coros: list) -> list:  # type: ignore[type-arg]
+async def _bounded(limit: int, coros: list) -> list:
     """Run coroutines with at most ``limit`` at once (bounds the connections a burst opens)."""
     gate = asyncio.Semaphore(limit)
 
-    async def one(coro):  # type: ignore[no-untyped-def]
+    async def one(coro):
         async with gate:
             return await coro
 
@@ -267,7 +270,7 @@ async def _bounded(limit: int, coros: list) -> list:  # type: ignore[type-arg]
 
 def as_dict(stats: object) -> dict:
     """A stats dataclass as JSON-ready builtins (with its derived ``seconds`` where it has one)."""
-    out = asdict(stats)  # type: ignore[call-overload]
+    out = asdict(stats)  # type: ignore[call-overload]  # any dataclass instance
     if hasattr(stats, "seconds"):
-        out["seconds"] = stats.seconds  # type: ignore[attr-defined]
+        out["seconds"] = stats.seconds
     return out

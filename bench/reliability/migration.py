@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from bench.devstack import Stack
 from bench.reliability.stack import MODEL, completion, counter, mocker_stack, pinned
 from bench.sse_trace import Trace, stream_trace
 from bench.stats import pct
-from sluice.devstack import Stack
 
 VICTIM, SURVIVOR = "victim", "survivor"
 MIGRATIONS = "sluice_request_migrations_total"
@@ -92,8 +92,8 @@ def _group(name: str, ids: list[int], ref: list[Trace], run: list[Trace], extra_
     pairs = [(ref[i], run[i]) for i in ids if ref[i].ok and run[i].ok]
     return {
         "group": name, "streams": len(ids),
-        "ttft_ms": _ms([r.ttft_s for _, r in pairs]),
-        "extra_ttft_ms": _ms([r.ttft_s - f.ttft_s for f, r in pairs]) if extra_ttft else None,
+        "ttft_ms": _ms([r.first_token_s for _, r in pairs]),
+        "extra_ttft_ms": _ms([r.first_token_s - f.first_token_s for f, r in pairs]) if extra_ttft else None,
         "longest_pause_ms": _ms([r.max_gap_s for _, r in pairs]),
         "total_ms": _ms([r.total_s for _, r in pairs]),
         "total_vs_reference_p50": pct([r.total_s / f.total_s for f, r in pairs], 50),

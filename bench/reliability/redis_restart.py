@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, field
 import aiohttp
 import redis
 
+from bench.devstack import RedisServer
 from bench.reliability.stack import MODEL, completion, mocker_stack
 from bench.sse_trace import Trace, stream_trace
 from bench.stats import pct
-from sluice.devstack import RedisServer
 
 
 @dataclass(frozen=True, slots=True)

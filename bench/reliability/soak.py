@@ -111,7 +111,7 @@ def measure(cfg: SoakConfig) -> dict:
         "error_kinds": dict(Counter((t.error or "no text")[:80] for t in failed).most_common(5)),
         "measured_requests": len(measured),
         "req_per_s": sum(warm_at <= t.ended_at <= stop_at for t in traces if t.ok) / (stop_at - warm_at),
-        "ttft_ms": ms([t.ttft_s * 1000 for t in measured]),
+        "ttft_ms": ms([t.first_token_s * 1000 for t in measured]),
         "total_ms": ms([t.total_s * 1000 for t in measured]),
         "frontend_cpu_percent": 100 * (fe.end_cpu_s - fe.warm_cpu_s) / (stop_at - warm_at) if fe.warm_mib else None,
         "rss_warm_mib": fe.warm_mib, "rss_end_mib": fe.end_mib, "rss_idle_mib": fe.idle_mib,

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.devstack import RedisServer, Stack
 from core.settings import Settings
-from sluice.devstack import RedisServer, Stack
 from workers.models.prepare import prepare_model
 
 MODEL = "smollm2"

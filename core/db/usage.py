@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, cast
 
 from sqlalchemy import Engine, case, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -87,5 +88,5 @@ def summarize_usage(engine: Engine, *, since: datetime, key_ids: Sequence[str | 
                         cached_tokens=int(c or 0), completion_tokens=int(o or 0),
                         mean_ttft_s=float(t) if t is not None else None,
                         mean_total_s=float(s) if s is not None else None)
-            for k, m, n, e, p, c, o, t, s in connection.execute(query)
+            for k, m, n, e, p, c, o, t, s in cast(Iterable[Any], connection.execute(query))
         ]

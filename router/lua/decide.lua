@@ -1,4 +1,5 @@
--- DECIDE: scores, decides, records and enqueues in one atomic step (ONE round trip per request).
+-- DECIDE: scores, decides, records and enqueues in one atomic step (ONE round trip per request);
+-- with `dry`, scores and decides only (the standalone router's /best_worker).
 -- How it finds overlaps and what it returns: router/index_scripts.py (DECIDE).
 -- Returns {chosen (1-based), cost, overlap of the chosen, approx status ('' | 'ok' | 'busy')}, or
 -- {0, '', 0, 'table'} when the candidate table it names is not stored (it changed nothing then).
@@ -14,41 +15,63 @@ local replaced_key = KEYS[7]  -- the table it replaces (dropped when this one is
 -- KEYS[8..]: for every candidate in approximate mode, its approx zset and its meta, in order.
 local FIRST_APPROX_KEY = 8
 
-local rid = ARGV[1]                        -- the request id
-local prediction_ttl_ms = tonumber(ARGV[2])
-local u = tonumber(ARGV[3])                -- uniform in [0, 1): ties and sampling
-local temperature = tonumber(ARGV[4])
-local pinned = tonumber(ARGV[5])           -- the pinned candidate (1-based), 0 = none
-local weight = tonumber(ARGV[6])           -- overlap score weight
-local table_ttl_ms = tonumber(ARGV[7])     -- > 0: store `sent` as the table for that long; 0: it is stored
-local sent = ARGV[8]                       -- the table (below), or '' when it is stored already
-local n = tonumber(ARGV[9])                -- candidates
-local nslots = tonumber(ARGV[10])          -- entries of the slot lookup
--- The candidate table (router.inflight.Candidates), one string of columns, each little-endian:
-local SLOTS = 0                    -- int32 per candidate: its slot (-1: none)
-local ACTIVE = 4 * n               -- int32 per candidate: its active blocks (heartbeat)
-local LOOKUP = 8 * n               -- uint16 per slot: the candidate at that slot (1-based) or 0
-local SCALE = 8 * n + 2 * nslots   -- double per candidate: its block size / the smallest
-local CHAIN = 16 * n + 2 * nslots  -- uint8 per candidate: the number of the chain of its block size
-local TAGS = 17 * n + 2 * nslots   -- uint32 per candidate: its owner tag
-local TIMING = 21 * n + 2 * nslots -- 11 floats per candidate (router.time_cost.COLUMNS)
-local COLD = 65 * n + 2 * nslots   -- 6 doubles per candidate: approx cap, approx number, then offset
-                                   -- and length of its worker id, and of its queue, in the names
-local NAMES = 113 * n + 2 * nslots -- the candidates' worker ids and queues, concatenated
-local model = ARGV[11]
-local prefix = ARGV[12]  -- the model's block key prefix
-local approx_ttl_ms = tonumber(ARGV[13])
-local task_head, task_tail = ARGV[14], ARGV[15]  -- '' and '': enqueue nothing
-local broker_prefix = ARGV[16]  -- what a queue's Redis list is named with before the queue (core.keys)
-local cost_kind = ARGV[17]      -- 'time' (router.time_cost) or 'blocks' (router.scoring)
-local slowdown_weight = tonumber(ARGV[18])
-local eviction_weight = tonumber(ARGV[19])
-local nchains = tonumber(ARGV[20])
--- ARGV[19 + 2c], ARGV[20 + 2c] for chain c = 1..nchains: the prompt's length in blocks and its hex
--- chain; then pending in-flight operations (pairs, as RELEASE takes them).
-local function chain_blocks(c) return tonumber(ARGV[19 + 2 * c]) end
-local function chain_hex(c) return ARGV[20 + 2 * c] end
-local FIRST_PENDING = 21 + 2 * nchains
+-- BEGIN GENERATED from router/decide_layout.py (python -m router.decide_layout); do not edit
+-- The fixed arguments' positions:
+local ARG_RID = 1
+local ARG_PREDICTION_TTL_MS = 2
+local ARG_U = 3
+local ARG_TEMPERATURE = 4
+local ARG_PINNED = 5
+local ARG_WEIGHT = 6
+local ARG_TABLE_TTL_MS = 7
+local ARG_SENT = 8
+local ARG_N = 9
+local ARG_NSLOTS = 10
+local ARG_MODEL = 11
+local ARG_PREFIX = 12
+local ARG_APPROX_TTL_MS = 13
+local ARG_TASK_HEAD = 14
+local ARG_TASK_TAIL = 15
+local ARG_BROKER_PREFIX = 16
+local ARG_COST_KIND = 17
+local ARG_SLOWDOWN_WEIGHT = 18
+local ARG_EVICTION_WEIGHT = 19
+local ARG_DRY = 20
+local ARG_NCHAINS = 21
+local FIRST_CHAIN_ARG = 22
+-- The candidate table's columns, as byte offsets for n candidates and nslots lookup entries:
+local function column_offsets(n, nslots)
+  return 0, 4 * n, 8 * n, 8 * n + 2 * nslots, 16 * n + 2 * nslots, 17 * n + 2 * nslots, 21 * n + 2 * nslots, 65 * n + 2 * nslots, 113 * n + 2 * nslots
+end
+-- END GENERATED
+local rid = ARGV[ARG_RID]
+local prediction_ttl_ms = tonumber(ARGV[ARG_PREDICTION_TTL_MS])
+local u = tonumber(ARGV[ARG_U])                  -- uniform in [0, 1): ties and sampling
+local temperature = tonumber(ARGV[ARG_TEMPERATURE])
+local pinned = tonumber(ARGV[ARG_PINNED])        -- the pinned candidate (1-based), 0 = none
+local weight = tonumber(ARGV[ARG_WEIGHT])        -- overlap score weight
+local table_ttl_ms = tonumber(ARGV[ARG_TABLE_TTL_MS])  -- > 0: store `sent` as the table for that long
+local sent = ARGV[ARG_SENT]                      -- the table (below), or '' when it is stored already
+local n = tonumber(ARGV[ARG_N])                  -- candidates
+local nslots = tonumber(ARGV[ARG_NSLOTS])        -- entries of the slot lookup
+-- The candidate table (router.inflight.Candidates), one string of columns, each little-endian
+-- (router/decide_layout.py says what each holds).
+local SLOTS, ACTIVE, LOOKUP, SCALE, CHAIN, TAGS, TIMING, COLD, NAMES = column_offsets(n, nslots)
+local model = ARGV[ARG_MODEL]
+local prefix = ARGV[ARG_PREFIX]  -- the model's block key prefix
+local approx_ttl_ms = tonumber(ARGV[ARG_APPROX_TTL_MS])
+local task_head, task_tail = ARGV[ARG_TASK_HEAD], ARGV[ARG_TASK_TAIL]  -- '' and '': enqueue nothing
+local broker_prefix = ARGV[ARG_BROKER_PREFIX]
+local cost_kind = ARGV[ARG_COST_KIND]  -- 'time' (router.time_cost) or 'blocks' (router.scoring)
+local slowdown_weight = tonumber(ARGV[ARG_SLOWDOWN_WEIGHT])
+local eviction_weight = tonumber(ARGV[ARG_EVICTION_WEIGHT])
+local dry = ARGV[ARG_DRY] == '1'  -- decide only: record, enqueue and settle nothing
+local nchains = tonumber(ARGV[ARG_NCHAINS])
+-- Per chain c = 1..nchains: the prompt's length in blocks and its hex chain; then pending in-flight
+-- operations (pairs, as RELEASE takes them).
+local function chain_blocks(c) return tonumber(ARGV[FIRST_CHAIN_ARG + 2 * c - 2]) end
+local function chain_hex(c) return ARGV[FIRST_CHAIN_ARG + 2 * c - 1] end
+local FIRST_PENDING = FIRST_CHAIN_ARG + 2 * nchains
 
 if table_ttl_ms > 0 then
   redis.call('SET', table_key, sent, 'PX', table_ttl_ms)
@@ -94,10 +117,10 @@ for _, id in ipairs(expired) do undo(id) end
 if #expired > 0 then call_chunked('ZREM', expiry_key, expired) end
 -- A request id decided before: its prediction is replaced, and its task (if any) was pushed then (a
 -- call repeated after a lost reply must not enqueue the request twice).
-local again = undo(rid)
+local again = not dry and undo(rid)
 
 -- Releases and prefill-done marks this router had pending ride along: applied before the costs.
-settle(sums_key, requests_key, expiry_key, ARGV, FIRST_PENDING, #ARGV)
+if not dry then settle(sums_key, requests_key, expiry_key, ARGV, FIRST_PENDING, #ARGV) end
 
 local SPLIT = 8
 local unpack_at, byte, floor, band, rshift = struct.unpack, string.byte, math.floor, bit.band, bit.rshift
@@ -290,10 +313,12 @@ if chosen == 0 then
   end
 end
 
+local ov = overlap[chosen] or 0
+local cost = string.format('%.17g', costs[chosen])
+if dry then return {chosen, cost, ov, ''} end
 local cap, approx_no, woff, wlen, qoff, qlen = unpack_at('<dddddd', column(COLD + 48 * (chosen - 1), 48))
 local wid = column(NAMES + woff, wlen)
 local s, c = SL[chosen], chain_of(chosen)
-local ov = overlap[chosen] or 0
 local d, p = prompt[c], prompt[c] - ov
 redis.call('HSET', requests_key, rid, string.format('%d %d %d ', s, d, p) .. wid)
 add_sums(sums_key, s, d, p)
@@ -303,7 +328,6 @@ if task_head ~= '' and not again then
   local queue = column(NAMES + qoff, qlen)
   redis.call('LPUSH', broker_prefix .. queue, task_head .. queue .. task_tail)
 end
-local cost = string.format('%.17g', costs[chosen])
 
 if cap <= 0 then return {chosen, cost, ov, ''} end
 -- Approximate mode: the chosen worker is taken to cache the prompt's blocks from now on.

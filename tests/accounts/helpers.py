@@ -16,8 +16,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from bench.devstack import REPO, wait_until, with_parent_death_signal
 from core.accounting import UsageRecord
-from sluice.devstack import REPO, wait_until, with_parent_death_signal
 
 #: The PostgreSQL server the tests use (trust auth); SLUICE_TEST_POSTGRES_URL points elsewhere.
 PG_ADMIN_URL = os.environ.get("SLUICE_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@localhost:5432/test")

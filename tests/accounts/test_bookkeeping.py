@@ -18,9 +18,9 @@ import sqlalchemy as sa
 from kombu.transport.redis import Channel
 
 from app.accounts.service import Accounts
+from bench.devstack import wait_until
 from core.db.migrate import upgrade
 from core.keys import Keys
-from sluice.devstack import wait_until
 from tests.accounts.conftest import BACKENDS, make_settings
 from tests.accounts.helpers import BookkeeperProcess, ScratchPostgres, count_rows, request_ids, usage_record
 

@@ -9,10 +9,10 @@ import hashlib
 import pytest
 import sqlalchemy as sa
 
+from bench.devstack import free_port
 from core.db.usage import insert_usage
 from core.settings import get_settings
 from sluice.accounts_cli import add_accounts_commands
-from sluice.devstack import free_port
 from tests.accounts.helpers import count_rows, usage_record
 
 

@@ -12,11 +12,11 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from bench.devstack import REPO
 from core.db import SchemaOutOfDate, database_url, open_database
 from core.db.migrate import current_revision, head_revision, upgrade
 from core.db.models import Base
 from core.settings import Settings
-from sluice.devstack import REPO
 
 TABLES = {"api_keys", "usage_records"}
 

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import time
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -35,9 +36,16 @@ def bearer(key: KeyCreated | str) -> str:
     return f"Bearer {key if isinstance(key, str) else key.key}"
 
 
-def fixed_clock(seconds_into_window: float) -> float:
-    """A moment in the current rate window, ``seconds_into_window`` after its start."""
-    return window_of(time.time()) * RATE_WINDOW_S + seconds_into_window
+class WindowClock:
+    """Stopped clocks in one rate window, chosen once: a test that crosses a real minute boundary
+    while it runs still sees every moment it asked for in the same window."""
+
+    def __init__(self) -> None:
+        self.window_start = window_of(time.time()) * RATE_WINDOW_S
+
+    def at(self, seconds_into_window: float) -> Callable[[], float]:
+        moment = self.window_start + seconds_into_window
+        return lambda: moment
 
 
 async def test_auth_off_means_anonymous_and_unlimited(sqlite_url: str, redis_server, namespace: str,  # noqa: ANN001
@@ -122,25 +130,27 @@ async def test_a_model_the_key_may_not_use_is_403(accounts: Accounts) -> None:
 
 
 async def test_over_rpm_is_429_with_the_seconds_left_in_the_window(accounts: Accounts) -> None:
+    window = WindowClock()
     principal = await accounts.authenticate(bearer(new_key(accounts, rpm=3)))
-    accounts.limiter.clock = lambda: fixed_clock(45.25)
+    accounts.limiter.clock = window.at(45.25)
     for _ in range(3):
         await accounts.admit(principal, "smollm2", 10)
     for _ in range(2):
         with pytest.raises(RateLimited) as caught:
             await accounts.admit(principal, "smollm2", 10)
         assert caught.value.status_code == 429 and caught.value.retry_after_s == 15
-    accounts.limiter.clock = lambda: fixed_clock(59.9)
+    accounts.limiter.clock = window.at(59.9)
     with pytest.raises(RateLimited) as caught:
         await accounts.admit(principal, "smollm2", 10)
     assert caught.value.retry_after_s == 1
-    accounts.limiter.clock = lambda: fixed_clock(60 + 0.5)  # the next window starts afresh
+    accounts.limiter.clock = window.at(60 + 0.5)  # the next window starts afresh
     await accounts.admit(principal, "smollm2", 10)
 
 
 async def test_tokens_are_charged_at_finish_and_limit_admission(accounts: Accounts) -> None:
+    window = WindowClock()
     principal = await accounts.authenticate(bearer(new_key(accounts, tpm=100)))
-    accounts.limiter.clock = lambda: fixed_clock(10.0)
+    accounts.limiter.clock = window.at(10.0)
     await accounts.admit(principal, "smollm2", 30)
     accounts.finish(principal, msgspec.structs.replace(usage_record(0, key_id=principal.key_id), prompt_tokens=30,
                                                       completion_tokens=50))
@@ -156,10 +166,11 @@ async def test_tokens_are_charged_at_finish_and_limit_admission(accounts: Accoun
 
 async def test_limits_are_shared_by_every_frontend_replica(accounts: Accounts, aredis: aioredis.Redis,
                                                            namespace: str) -> None:
+    window = WindowClock()
     replica = Accounts(accounts.settings, aredis, Keys(namespace))
     key = new_key(accounts, rpm=4)
     a, b = await accounts.authenticate(bearer(key)), await replica.authenticate(bearer(key))
-    accounts.limiter.clock = replica.limiter.clock = lambda: fixed_clock(5.0)
+    accounts.limiter.clock = replica.limiter.clock = window.at(5.0)
     await accounts.admit(a, "smollm2", 1)
     await replica.admit(b, "smollm2", 1)
     await accounts.admit(a, "smollm2", 1)
@@ -172,12 +183,13 @@ async def test_limits_are_shared_by_every_frontend_replica(accounts: Accounts, a
 async def test_a_burst_over_the_limit_gets_429s_and_nothing_else(accounts: Accounts, aredis: aioredis.Redis,
                                                                  redis_server, namespace: str) -> None:  # noqa: ANN001
     """200 concurrent requests from 4 replicas (each with its own connection pool) on a 25 rpm key."""
+    window = WindowClock()
     clients = [aioredis.from_url(redis_server.url) for _ in range(3)]
     replicas = [accounts, *(Accounts(accounts.settings, c, Keys(namespace)) for c in clients)]
     key = new_key(accounts, rpm=25)
     principal = await accounts.authenticate(bearer(key))
     for replica in replicas:
-        replica.limiter.clock = lambda: fixed_clock(30.0)
+        replica.limiter.clock = window.at(30.0)
 
     async def one(i: int) -> str:
         try:

@@ -14,8 +14,8 @@ from tokenizers.models import WordLevel
 from tokenizers.normalizers import Lowercase
 from tokenizers.pre_tokenizers import Whitespace
 
-from app.chunked_tokens import ChunkedEncoder, chunkable, chunks
 from app.model_card import ModelCard
+from app.prompts.chunked_tokens import ChunkedEncoder, chunkable, chunks
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The frontend's line for a finished request (app.generation.log_request)."""
+"""The frontend's line for a finished request (app.requests.observer.log_request)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from app.generation import log_request
+from app.requests.observer import log_request
 from core.accounting import UsageRecord, usage_batch_from_builtins, usage_batch_to_builtins
 
 

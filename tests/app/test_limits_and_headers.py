@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.api.deps import parse_router_header, router_overrides
-from app.generation import resolve_max_tokens
+from app.requests.generation import resolve_max_tokens
 from core.errors import ContextLengthExceeded, InvalidRequest
 from core.settings import Settings
 

@@ -1,4 +1,4 @@
-"""Prompt building (app.prompting) with the default model's real tokenizer: a prompt that cannot fit
+"""Prompt building (app.prompts.rendering) with the default model's real tokenizer: a prompt that cannot fit
 is refused with the endpoint's ``param``, from its characters before it is tokenized when that
 suffices, and the character bound never refuses text that would fit."""
 
@@ -9,7 +9,7 @@ import random
 import pytest
 
 from app.model_card import ModelCard
-from app.prompting import chat_prompt_ids, completion_prompt_ids
+from app.prompts.rendering import chat_prompt_ids, completion_prompt_ids
 from app.protocol.chat import ChatCompletionRequest
 from core.errors import ContextLengthExceeded, InvalidRequest
 

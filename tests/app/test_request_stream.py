@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.streams import RequestStream
+from app.requests.streams import RequestStream
 from core.messages import TokenDelta
 
 

@@ -14,11 +14,11 @@ import pytest
 from app.api import serving
 from app.api.chat import chat_completions
 from app.api.completions import completions
-from app.choices import Choices
 from app.model_card import ModelCard
-from app.prompting import chat_prompt_ids
+from app.prompts.rendering import chat_prompt_ids
 from app.protocol.chat import ChatCompletionRequest
 from app.protocol.completions import CompletionRequest
+from app.requests.choices import Choices
 from core.errors import InvalidRequest, ModelNotFound, UpstreamError
 from core.settings import Settings
 
@@ -27,7 +27,7 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
 
 
 class ScriptedGeneration:
-    """Stands in for app.generation.Generation: yields ``pieces``, then finishes or raises ``error``."""
+    """Stands in for app.requests.generation.Generation: yields ``pieces``, then finishes or raises ``error``."""
 
     def __init__(self, pieces: list[str], error: Exception | None = None) -> None:
         self.request_id = "r1"
@@ -37,6 +37,7 @@ class ScriptedGeneration:
         self.prompt_tokens, self.completion_tokens, self.cached_tokens, self.transferred_tokens = 5, 3, 1, 2
         self.served_by = "w7"
         self.prefill_worker_id: str | None = None
+        self.plan = None  # no prefill pool: no disaggregation decision
         self.closed = False
         self.prompt_logprobs = None
 

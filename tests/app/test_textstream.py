@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.textstream import StopMatcher
+from app.output.text import StopMatcher
 
 
 def feed_all(stops: list[str], pieces: list[str]) -> tuple[str, bool]:
@@ -49,7 +49,7 @@ def test_earliest_of_several_stops_wins() -> None:
 
 def test_text_assembler_round_trip(tokenizer_dir) -> None:  # noqa: ANN001
     from app.model_card import ModelCard
-    from app.textstream import TextAssembler
+    from app.output.text import TextAssembler
 
     card = ModelCard.load("smollm2", tokenizer_dir)
     text = "The capital of France is Paris. Ünïcödé — 東京 ok"

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sluice.devstack import RedisServer
+from bench.devstack import RedisServer
 
 
 @pytest.fixture(scope="module")

@@ -11,23 +11,27 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from bench.devstack import RedisServer
 from bench.fleet.sim import MODEL, Fleet, FleetSpec, worker_id
 from bench.fleet.workload import FleetWorkload, fresh_tokens, worker_prompt
 from core.keys import Keys
+from core.redis_topology import plain_client
 from core.settings import RouterSettings
 from router.hashing import block_hashes, root_hash
 from router.kv_policy import KvPolicy
 from router.policies import RouteRequest
 from router.registry import Registry
-from sluice.devstack import RedisServer
 
 WORKLOAD = FleetWorkload(groups=4, prefix_tokens=512, suffix_tokens=(256, 768), requests_per_worker=4)
-SPEC = FleetSpec(workers=20, first=100, kv_blocks=128, heartbeat_s=0.2, lease_ttl_s=0.6, workload=WORKLOAD)
+#: Far above what a phase takes on a busy 2-core machine (a few seconds).
+PHASE_TIMEOUT_S = 120
+#: Ten heartbeats per lease: a lease survives a stall of the (busy) machine of almost two seconds.
+SPEC = FleetSpec(workers=20, first=100, kv_blocks=128, heartbeat_s=0.2, lease_ttl_s=2.0, workload=WORKLOAD)
 
 
 @pytest.fixture
 async def client(bench_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(bench_redis.url)
+    client = plain_client(bench_redis.url, "background")  # as a worker's: cancellations are never lost
     yield client
     await client.aclose()
 
@@ -36,7 +40,10 @@ async def test_a_fleet_registers_heartbeats_fills_the_index_and_is_routed_to(cli
     keys = Keys(f"fleet{random.randrange(1 << 30)}")
     fleet = Fleet(client, keys, SPEC)
     registry = Registry(client, keys)
-    started = await fleet.start()
+    # Each phase is bounded inside the test: a phase that never ends fails here, and the fleet is still
+    # stopped (pytest-timeout's own interrupt would leave its tasks to the event loop's close).
+    async with asyncio.timeout(PHASE_TIMEOUT_S):
+        started = await fleet.start()
     try:
         assert started.workers == 20
         live = await registry.live_workers(MODEL)
@@ -45,13 +52,17 @@ async def test_a_fleet_registers_heartbeats_fills_the_index_and_is_routed_to(cli
         assert len({w.record.slot for w in live}) == 20
         assert {w.record.queue for w in live} == {keys.worker_queue(i) for i in ids}
 
-        ingest = await fleet.drive()
+        try:
+            async with asyncio.timeout(PHASE_TIMEOUT_S):
+                ingest = await fleet.drive()
+        except TimeoutError:
+            pytest.fail(f"the fleet's requests and KV relays did not finish in {PHASE_TIMEOUT_S} s")
         assert ingest.requests == 80 and ingest.batches > 0
         assert ingest.blocks_removed > 0, "the caches never evicted: the workload is too small for the test"
         assert ingest.cached_tokens > 0, "no request reused its group's prefix"
 
-        # Leases outlive several lease periods through the heartbeats alone.
-        await asyncio.sleep(3 * SPEC.lease_ttl_s)
+        # Leases outlive two lease periods through the heartbeats alone.
+        await asyncio.sleep(2 * SPEC.lease_ttl_s)
         assert len(await registry.live_workers(MODEL)) == 20
         leases = fleet.lease_stats()
         assert leases.heartbeats >= 20 * 5 and (leases.failures, leases.reregistrations) == (0, 0)

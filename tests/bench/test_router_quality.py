@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from bench.chat_workloads import shared_workload
+from bench.devstack import RedisServer
 from bench.router_quality import main, run_policy, simulate
 from core.settings import MockerSettings, RouterSettings
-from sluice.devstack import RedisServer
 
 MOCKER = MockerSettings(kv_blocks=1024, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192)
 TOY = ["--workers", "2", "--users-per-worker", "4", "--turns", "4", "--duration-s", "5", "--unique-per-worker", "4",

@@ -18,8 +18,8 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from bench.devstack import RedisServer
 from bench.virtual_clock import VirtualClockConnection, VirtualClockLoop
-from sluice.devstack import RedisServer
 
 
 def run(coro: Coroutine[Any, Any, Any], **loop_options: float) -> Any:

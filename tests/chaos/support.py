@@ -12,9 +12,9 @@ import httpx
 import openai
 import redis.asyncio as aioredis
 
+from bench.devstack import Stack
 from core.keys import Keys
 from router.registry import Registry, WorkerLoad
-from sluice.devstack import Stack
 
 MODEL = "smollm2"
 

@@ -11,7 +11,7 @@ import sys
 
 import httpx
 
-from sluice.devstack import wait_until
+from bench.devstack import wait_until
 from tests.chaos.support import MODEL, chat_stream, client_of, migrations, own_stack, running, text_of
 
 #: Long enough that the streams outlast the drain's start (a ``sluice drain`` process on a loaded

@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from sluice.devstack import wait_until
+from bench.devstack import wait_until
 from tests.chaos.support import MODEL, own_stack, running
 
 

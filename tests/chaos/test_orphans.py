@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import time
 
-from sluice.devstack import wait_until
+from bench.devstack import wait_until
 from tests.chaos.support import chat_stream, client_of, migrations, own_stack, running, worker_loads
 
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import orjson
 
-from sluice.devstack import wait_until
+from bench.devstack import wait_until
 from tests.chaos.support import MODEL, chat_stream, client_of, migrations, own_stack, running, text_of
 
 

@@ -24,13 +24,14 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from bench.devstack import Stack, free_port, wait_until
 from core.keys import Keys, broker_binding_member
-from core.messages import GenerateRequest, SamplingParams, decode_deltas, request_to_builtins
+from core.messages import SamplingParams, decode_deltas
+from core.task_requests import GenerateRequest, request_to_builtins
 from core.wire import GENERATE_TASK, task_message
 from router.prefix_index import PrefixIndex
 from router.reaper import Reaper
 from router.registry import Registry
-from sluice.devstack import Stack, free_port, wait_until
 from tests.e2e.conftest import MODEL
 
 #: The victim's lease: long enough that the test's pushes surely land while it still holds it.

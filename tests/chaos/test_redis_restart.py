@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sluice.devstack import RedisServer, Stack, wait_until
+from bench.devstack import RedisServer, Stack, wait_until
 from tests.chaos.support import MODEL, running
 from tests.e2e.disagg_support import LONG
 from tests.support.ports import free_port
@@ -81,7 +81,13 @@ def test_the_platform_survives_a_redis_restart(own_redis: RedisServer, tokenizer
             with httpx.stream("POST", f"{s.base_url}/v1/completions", json=body, timeout=60) as resp:
                 assert resp.status_code == 200
                 ended.append([line for line in resp.iter_lines() if line])
-        streams = [threading.Thread(target=stream) for _ in range(4)]
+        # A request in flight that streams nothing: Redis lost under it is a 503 to retry, like one refused.
+        whole: list[httpx.Response] = []
+
+        def complete_long() -> None:
+            whole.append(httpx.post(f"{s.base_url}/v1/completions", timeout=60, json={
+                "model": MODEL, "prompt": "Tell me everything twice.", "max_tokens": 8000, "ignore_eos": True}))
+        streams = [threading.Thread(target=stream) for _ in range(4)] + [threading.Thread(target=complete_long)]
         for t in streams:
             t.start()
         wait_until(lambda: s.ready_workers().get(MODEL) == 2, 5, "streams to start")
@@ -100,6 +106,10 @@ def test_the_platform_survives_a_redis_restart(own_redis: RedisServer, tokenizer
         assert len(ended) == 4
         for lines in ended:  # tokens, then an error event and [DONE]
             assert len(lines) > 3 and lines[-1] == "data: [DONE]" and '"error"' in lines[-2], lines[-3:]
+            assert '"code":"redis_unavailable"' in lines[-2].replace(" ", ""), lines[-2]
+        (cut,) = whole
+        assert cut.status_code == 503 and cut.headers.get("retry-after"), cut.text
+        assert cut.json()["error"]["code"] == "redis_unavailable"
         if outage_s >= 2:
             wait_until(lambda: httpx.get(f"{s.base_url}/ready", timeout=5).status_code == 503, 5,
                        "/ready to say not ready")

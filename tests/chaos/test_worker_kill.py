@@ -11,7 +11,8 @@ import orjson
 from tests.chaos.support import MODEL, client_of, migrations, own_stack
 
 STREAMS = 32
-MAX_TOKENS = 300
+#: Long enough that no stream ends between its start and the kill, even on a busy machine.
+MAX_TOKENS = 500
 
 
 def _run(client, i: int, heads: dict[int, list] | None = None, its: dict | None = None):  # noqa: ANN001, ANN202
@@ -37,8 +38,10 @@ def test_32_streams_survive_a_worker_sigkill_token_exactly(redis_server, tokeniz
         client = client_of(s)
         with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
             reference = list(pool.map(lambda i: _run(client, i), range(STREAMS)))
-            its = {i: iter(_open(client, i)) for i in range(STREAMS)}
-            heads = {i: [next(its[i]) for _ in range(2)] for i in range(STREAMS)}
+            # All opened and started at once: opened one after another on a busy machine, the first ones
+            # could end before the kill and never need to move.
+            its = dict(enumerate(pool.map(lambda i: iter(_open(client, i)), range(STREAMS))))
+            heads = dict(enumerate(pool.map(lambda i: [next(its[i]) for _ in range(2)], range(STREAMS))))
             s.kill("w1")
             results = list(pool.map(lambda i: _run(client, i, heads, its), range(STREAMS)))
         for i, (text, usages, finish) in enumerate(results):

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sluice.devstack import REPO
+from bench.devstack import REPO
 
 #: The environment of a user's pip: no configuration file, no PIP_* variables.
 PLAIN_PYPI = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}

@@ -17,7 +17,7 @@ import importlib
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -25,7 +25,8 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from core.keys import Keys
-from core.settings import PoolKind, Settings
+from core.pools import Pool
+from core.settings import Settings
 from tests.deploy import kustomize_lite
 from tests.deploy.checks import ROOT, is_setting, parse_sluice, settings_from, sluice_argv
 
@@ -35,7 +36,7 @@ K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("mocker", "vllm-gpu")
 #: The oldest Kubernetes release the manifests are meant for, and the newest kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.30", "1.37")
-POOLS: tuple[str, ...] = get_args(PoolKind)
+POOLS: tuple[str, ...] = tuple(Pool)
 #: Custom resources: (apiVersion, kind) -> the model generated from the published CRD.
 CUSTOM_KINDS = {
     ("keda.sh/v1alpha1", "ScaledObject"): ("cloudcoil.models.keda.v1alpha1", "ScaledObject"),

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from sluice.devstack import Stack
+from bench.devstack import Stack
 
 MODEL = "smollm2"
 

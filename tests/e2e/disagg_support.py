@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import redis
 
-from sluice.devstack import Stack, wait_until
+from bench.devstack import Stack, wait_until
 
 #: A long prompt (about 1,700 tokens with the default model's tokenizer) and a short one.
 LONG = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(130))

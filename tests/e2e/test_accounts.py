@@ -14,7 +14,7 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from sluice.devstack import REPO, Stack, wait_until
+from bench.devstack import REPO, Stack, wait_until
 
 MODEL = "smollm2"
 

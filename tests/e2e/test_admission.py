@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sluice.devstack import Stack, wait_until
+from bench.devstack import Stack, wait_until
 from tests.e2e.conftest import MODEL
 from tests.e2e.disagg_support import LONG
 

@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from app.main import create_app
-from sluice.devstack import Stack
+from bench.devstack import Stack
 from tests.chaos.support import own_stack
 
 MODEL = "smollm2"

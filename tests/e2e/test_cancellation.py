@@ -8,7 +8,7 @@ import httpx
 import orjson
 import redis
 
-from sluice.devstack import Stack, final_delta, read_then_disconnect, wait_until
+from bench.devstack import Stack, final_delta, read_then_disconnect, wait_until
 from tests.e2e.conftest import MODEL
 
 

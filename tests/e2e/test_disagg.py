@@ -15,8 +15,8 @@ import httpx
 import pytest
 import redis
 
+from bench.devstack import Stack, final_delta, wait_until
 from core.keys import Keys
-from sluice.devstack import Stack, final_delta, wait_until
 from tests.e2e.conftest import MODEL
 from tests.e2e.disagg_support import LONG, SHORT, counter, wait_idle
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 
-from sluice.devstack import Stack, wait_until
+from bench.devstack import Stack, wait_until
 from tests.e2e.conftest import MODEL
 from tests.support.ports import free_port
 

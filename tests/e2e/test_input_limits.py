@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sluice.devstack import Stack
+from bench.devstack import Stack
 from tests.e2e.conftest import MODEL
 
 MiB = 1024 * 1024

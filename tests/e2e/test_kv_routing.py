@@ -22,8 +22,8 @@ import openai
 import pytest
 import redis
 
+from bench.devstack import Stack, free_port, wait_until
 from core.keys import Keys
-from sluice.devstack import Stack, free_port, wait_until
 from tests.e2e.conftest import MODEL
 from tests.support.routing_state import chat as routing_chat
 from tests.support.routing_state import wait_router, wait_workers_idle

@@ -16,8 +16,8 @@ import pytest
 import sqlalchemy as sa
 
 from app.accounts.apikey import parse_key
+from bench.devstack import REPO, Stack, wait_until
 from core.db.migrate import upgrade
-from sluice.devstack import REPO, Stack, wait_until
 from tests.accounts.helpers import ScratchPostgres, postgres_unreachable_reason
 
 MODEL = "smollm2"

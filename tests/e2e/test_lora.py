@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sluice.devstack import Stack
+from bench.devstack import Stack
 from tests.chaos.support import own_stack
 from tests.e2e.conftest import MODEL
 

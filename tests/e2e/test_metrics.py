@@ -15,7 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluice.devstack import REPO, Stack, wait_until
+from bench.devstack import REPO, Stack, wait_until
 from tests.e2e.conftest import MODEL
 
 WORKERS = ("w1", "w2")

@@ -31,8 +31,8 @@ import httpx
 import pytest
 import redis
 
+from bench.devstack import RedisServer, Stack, wait_until
 from core.keys import Keys
-from sluice.devstack import RedisServer, Stack, wait_until
 from tests.e2e.conftest import MODEL
 from tests.support.ports import free_port
 

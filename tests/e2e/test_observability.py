@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.devstack import Stack, free_port, wait_until
 from sluice.dashboard import DASHBOARD_PATH, expressions, render
-from sluice.devstack import Stack, free_port, wait_until
 from sluice.observe import RULES_PATH, ObserveConfig, check_config, write_config
 
 MODEL = "smollm2"

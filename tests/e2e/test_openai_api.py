@@ -12,8 +12,8 @@ import openai
 import pytest
 import redis
 
+from bench.devstack import Stack, free_port, wait_until
 from core.keys import Keys
-from sluice.devstack import Stack, free_port, wait_until
 from tests.e2e.conftest import MODEL
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -230,7 +230,7 @@ def test_tokenize_and_detokenize_use_the_served_models_tokenizer(client: openai.
 
 
 def test_logit_bias_and_penalties_reach_the_engine(client: openai.OpenAI, stack: Stack) -> None:
-    """The mocker weighs bias and penalties like a model (workers.engines.mocker_tokens): +100 forces
+    """The mocker weighs bias and penalties like a model (workers.engines.mocker.tokens): +100 forces
     a token, and a frequency penalty then stops it repeating."""
     forced = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0,
                                             logit_bias={"4242": 100}, extra_body={"ignore_eos": True})

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from honcho.manager import KILL_WAIT
 
-from sluice.devstack import REPO, Stack, free_port
+from bench.devstack import REPO, Stack, free_port
 from tests.support.launched import Launched
 
 MODEL = "smollm2"

@@ -26,7 +26,7 @@ import httpx
 import openai
 import pytest
 
-from sluice.devstack import REPO, RedisServer, wait_until
+from bench.devstack import REPO, RedisServer, wait_until
 from tests.e2e.conftest import MODEL
 from tests.support.routing_state import chat as routing_chat
 from tests.support.routing_state import wait_workers_idle

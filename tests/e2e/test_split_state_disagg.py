@@ -25,7 +25,7 @@ import httpx
 import pytest
 import redis
 
-from sluice.devstack import RedisServer, final_delta, free_port, wait_until
+from bench.devstack import RedisServer, final_delta, free_port, wait_until
 from tests.e2e.conftest import MODEL
 from tests.e2e.disagg_support import LONG
 from tests.support.routing_state import wait_router, wait_workers_idle
@@ -104,6 +104,7 @@ def test_a_long_prompt_is_prefilled_remotely_and_its_repeat_is_served_cached(
     prompt = LONG.replace("fox", f"fox of {d.layout}")
     first = complete(d, prompt)
     assert first.headers["x-sluice-prefill-worker"] == PREFILL and first.headers["x-sluice-worker"] == DECODE
+    assert first.headers["x-sluice-disagg-reason"] == "long uncached prompt"
     usage = first.json()["usage"]
     assert usage["completion_tokens"] == 24 and usage["prompt_tokens"] > 1500
     final = final_delta(watcher, first.json()["id"].removeprefix("cmpl-"))
@@ -118,6 +119,7 @@ def test_a_long_prompt_is_prefilled_remotely_and_its_repeat_is_served_cached(
     wait_idle(d)
     again = complete(d, prompt)
     assert "x-sluice-prefill-worker" not in again.headers and again.headers["x-sluice-worker"] == DECODE
+    assert again.headers["x-sluice-disagg-reason"] == "short uncached prompt"  # what is left after the cached part
     assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
     # Every full block but the one holding the last prompt token, which an engine always computes.
     assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == \
@@ -139,9 +141,11 @@ def test_routing_state_is_on_the_index_redis_and_both_pools_queues_on_the_broker
             "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{d.stack.base_url}/v1/completions", json=body, timeout=60) as resp:
         assert resp.status_code == 200 and resp.headers["x-sluice-prefill-worker"] == PREFILL
-        for line in resp.iter_lines():
-            if line.startswith("data: {"):
-                break
+        # One iterator kept open: leaving a ``for`` over ``resp.iter_lines()`` closes that generator, and
+        # with it the connection; the frontend then ends the request and drops its prediction.
+        lines = resp.iter_lines()
+        while not next(lines).startswith("data: {"):
+            pass
         assert d.index.hlen(k.router_inflight_requests(MODEL)) >= 1
         assert not d.broker.exists(k.router_inflight_requests(MODEL), k.router_inflight(MODEL))
     wait_idle(d)  # the frontend released the prediction when the client hung up

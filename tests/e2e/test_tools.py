@@ -1,5 +1,5 @@
 """Tool calling and reasoning end to end on the mocker stack: the mocker replays scripted model
-outputs (workers.engines.mocker_script), and the frontend renders the tools into the prompt and
+outputs (workers.engines.mocker.script), and the frontend renders the tools into the prompt and
 parses the outputs into ``tool_calls`` and ``reasoning_content``, streamed and whole."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from sluice.devstack import Stack
+from bench.devstack import Stack
 from tests.chaos.support import client_of, own_stack
 from tests.e2e.conftest import MODEL
 

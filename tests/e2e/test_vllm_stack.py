@@ -25,9 +25,9 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.devstack import Stack, wait_until
 from core.keys import Keys
 from core.timing import TimingModel
-from sluice.devstack import Stack, wait_until
 from tests.e2e.vllm_reference import LORA_RANK, VllmServer, make_adapter
 from tests.workers.vllm_support import MODEL, VLLM_SKIP, smollm2_weights_dir
 
@@ -205,7 +205,7 @@ def test_tool_choice_required_and_named_give_valid_calls(client: openai.OpenAI) 
 def test_tool_choice_auto_answers_with_calls_or_text(client: openai.OpenAI) -> None:
     """The small model decides for itself: whatever it answers is well formed, and its raw text
     (``tool_choice: none``, same greedy request) parses to the same answer."""
-    from app.parsing.tool_calls import get_tool_parser
+    from app.output.parsing.tool_calls import get_tool_parser
 
     raw = client.chat.completions.create(model=MODEL, messages=WEATHER_Q, tools=[WEATHER, TIME], tool_choice="none",
                                          temperature=0, max_tokens=120)

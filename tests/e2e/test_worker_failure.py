@@ -13,7 +13,7 @@ import openai
 import pytest
 import redis
 
-from sluice.devstack import Stack, wait_until
+from bench.devstack import Stack, wait_until
 from tests.e2e.conftest import MODEL
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from sluice.devstack import Processes, free_port, wait_until
+from bench.devstack import Processes, free_port, wait_until
 
 #: The settings the vLLM stack's worker gives vLLM (tests/e2e/test_vllm_stack.py), as server flags.
 ENGINE_FLAGS = ["--dtype", "float32", "--block-size", "32", "--max-num-seqs", "8",

@@ -27,8 +27,8 @@ from core.shm import SHM, ShmEntries
 from tests.support.kv_events import KvEventLog
 from tests.workers.vllm_support import VLLM_SKIP, start_vllm_engine
 from workers.engines.base import Engine, KvEventSink
-from workers.engines.mocker import MockerEngine
-from workers.engines.mocker_tokens import FIRST_TOKEN_ID, expected_output
+from workers.engines.mocker.engine import MockerEngine
+from workers.engines.mocker.tokens import FIRST_TOKEN_ID, expected_output
 
 #: The exact output of a request (tokens, finish reason), for engines that can predict it.
 ExpectedOutput = Callable[[list[int], SamplingParams], tuple[list[int], FinishReason]]

@@ -1,4 +1,4 @@
-"""The mocker's two disaggregated roles (workers/engines/mocker.py): a prefill that holds its blocks
+"""The mocker's two disaggregated roles (workers/engines/mocker/engine.py): a prefill that holds its blocks
 for the read, and a decode that reads them instead of computing the prompt."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from core.messages import SamplingParams
 from core.settings import MockerSettings
 from workers.engines.base import EngineOutput, EngineRequest
-from workers.engines.mocker import MockerEngine
+from workers.engines.mocker.engine import MockerEngine
 
 PROMPT = list(range(100, 1600))  # 1,500 tokens: 93 full blocks of 16 and a partial one
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, seed=3, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""The mocker's penalties and bias (workers.engines.mocker_tokens): they change its choice as they
+"""The mocker's penalties and bias (workers.engines.mocker.tokens): they change its choice as they
 would a model's, and without them the stream is unchanged."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from core.messages import SamplingParams
-from workers.engines.mocker_tokens import expected_output
+from workers.engines.mocker.tokens import expected_output
 
 VOCAB = 49152
 MAX_LEN = 8192

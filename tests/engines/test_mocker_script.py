@@ -11,8 +11,8 @@ from tokenizers import Tokenizer
 from core.messages import SamplingParams
 from core.settings import MockerSettings
 from workers.engines.base import EngineRequest
-from workers.engines.mocker import MockerEngine
-from workers.engines.mocker_script import MockerScript
+from workers.engines.mocker.engine import MockerEngine
+from workers.engines.mocker.script import MockerScript
 
 
 async def _run(engine: MockerEngine, prompt: list[int], sampling: SamplingParams) -> tuple[list[int], str | None]:

@@ -11,8 +11,11 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+from bench.devstack import RedisServer
 from core.keys import Keys
 from core.messages import BlockRemoved, BlockStored, KvEventBatch
+from core.redis_connection import BoundedSend
+from core.redis_topology import cluster_client
 from core.settings import RouterSettings
 from router.hashing import block_hashes, root_hash
 from router.kv_policy import KvPolicy
@@ -20,7 +23,7 @@ from router.policies import RouteRequest
 from router.prefix_index import PrefixIndex
 from router.reaper import SplitReaper, make_reaper
 from router.registry import LiveWorker, Registry, WorkerLoad
-from sluice.devstack import RedisServer
+from tests.integration.test_redis_cancellation import lost_cancellations
 from tests.router.factories import make_record
 from tests.support.redis_topologies import RedisClusterNodes
 
@@ -39,7 +42,7 @@ def cluster_nodes() -> Iterator[RedisClusterNodes]:
 
 @pytest.fixture
 async def cluster(cluster_nodes: RedisClusterNodes) -> AsyncIterator[RedisCluster]:
-    client = RedisCluster.from_url(cluster_nodes.url)
+    client = cluster_client(cluster_nodes.url, "background")
     await client.initialize()
     yield client
     await client.aclose()
@@ -143,3 +146,10 @@ async def test_models_spread_over_the_shards(cluster: RedisCluster, keys: Keys) 
         assert node.name == shards[model]
         await index.purge(f"mw{n}", model)
     await policy.aclose()
+
+
+async def test_the_cluster_client_delivers_every_cancel(cluster: RedisCluster) -> None:
+    """Its nodes' connections write commands without losing a cancellation (core.redis_connection)."""
+    assert all(issubclass(node.connection_class, BoundedSend) for node in cluster.get_nodes())
+    assert await lost_cancellations(cluster, lambda c: c.get("{cancel}-test"), rounds=1) == []  # type: ignore[arg-type]
+    assert await cluster.set("{cancel}-test", 1)

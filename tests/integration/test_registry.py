@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from core.keys import Keys
+from core.pools import Pool
 from router.prefix_index import PrefixIndex
 from router.reaper import reap_dead_workers
 from router.registry import Registry, WorkerLoad, WorkerRecord
@@ -96,3 +97,18 @@ async def test_the_listing_is_in_worker_id_order_whatever_the_leases(registry: R
     for wid in ("b", "d", "a", "c"):  # each heartbeat moves its worker to the end of the lease order
         await registry.heartbeat(records[wid], WorkerLoad(running=1), 5 + len(wid))
     assert [w.record.worker_id for w in await registry.live_workers()] == ["a", "b", "c", "d"]
+
+
+async def test_a_worker_of_a_pool_this_release_does_not_know_is_left_out(registry: Registry,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A newer worker in the fleet during an upgrade registers a pool name older routers cannot read:
+    they leave it out (and say so once) and go on routing to the others."""
+    await registry.register(record("a"), WorkerLoad(), 5)
+    await registry.register(record("b"), WorkerLoad(), 5)
+    await registry.client.hset(registry.keys.worker("b"), "pool", "kv-cache")
+    for _ in range(2):
+        live = await registry.live_workers("m")
+        assert [w.record.worker_id for w in live] == ["a"]
+        assert live[0].record.pool is Pool.AGG
+    warnings = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert len(warnings) == 1 and "'kv-cache' is not a valid Pool" in warnings[0]

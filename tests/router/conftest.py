@@ -8,10 +8,10 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from bench.devstack import RedisServer
 from core.keys import Keys
 from router.prefix_index import PrefixIndex
 from router.registry import Registry
-from sluice.devstack import RedisServer
 from tests.router.factories import RoundTripCounter
 
 

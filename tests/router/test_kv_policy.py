@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
+from bench.devstack import RedisServer
 from core.errors import NoWorkerAvailable
 from core.keys import ROUTER_TABLE_TTL_MS, Keys
 from core.settings import RouterSettings
@@ -20,7 +21,7 @@ from router.kv_policy import KvPolicy
 from router.policies import RouteRequest, RouterOverrides, TaskParts
 from router.prefix_index import PrefixIndex
 from router.registry import LiveWorker
-from sluice.devstack import RedisServer
+from tests.router.cost_oracle import oracle_best
 from tests.router.factories import RoundTripCounter, make_worker, wait_for
 
 PROMPT = list(range(1000, 1040))  # 10 blocks of 4 tokens
@@ -216,7 +217,7 @@ async def test_a_prepared_table_is_stored_before_the_first_decision(counter: Rou
 
 async def test_a_stored_table_decides_as_the_columns_sent_with_it(aredis: aioredis.Redis, keys: Keys,
                                                                  index: PrefixIndex) -> None:
-    """A decision over a table Redis already holds (the usual case) answers as the numpy reference."""
+    """A decision over a table Redis already holds (the usual case) answers as the numpy oracle."""
     rng = random.Random(9)
     workers = [_timed(make_worker(f"w{i}", i, active_blocks=rng.randrange(0, 40), block_size=rng.choice([4, 8])), rng)
                for i in range(12)]
@@ -231,8 +232,8 @@ async def test_a_stored_table_decides_as_the_columns_sent_with_it(aredis: aiored
         await warm.flush()
         for k in range(5):
             request = req(f"{cost}{k}", temperature=[0.0, 2.0][k % 2])
-            expected = await KvPolicy(aredis, keys, RouterSettings(cost=cost), rng=random.Random(k)).best(request,
-                                                                                                         workers)
+            expected = await oracle_best(KvPolicy(aredis, keys, RouterSettings(cost=cost)), request, workers,
+                                         random.Random(k).random())
             draws.seed(k)
             assert await warm.choose(request, workers) == expected
             warm.release(f"{cost}{k}")
@@ -370,9 +371,10 @@ def _timed(worker: LiveWorker, rng: random.Random) -> LiveWorker:
 @pytest.mark.parametrize("cost", ["blocks", "time"])
 async def test_redis_decision_matches_the_pure_scoring(aredis: aioredis.Redis, keys: Keys,
                                                        index: PrefixIndex, cost: str) -> None:
-    """choose() finishes the cost inside Redis; best() in numpy. Same state and same u: same answer
-    (the block formula and the predicted time alike; for the time cost, workers with and without a
-    fitted model, small step budgets so that prefills take several steps, caches that must evict)."""
+    """choose() and best() compute the cost inside Redis; the oracle in numpy, from a plain read. Same
+    state and same u: same answer (the block formula and the predicted time alike; for the time cost,
+    workers with and without a fitted model, small step budgets so that prefills take several steps,
+    caches that must evict)."""
     rng = random.Random(42)
     sizes = [4, 8, 16]
     for scenario in range(25):
@@ -394,11 +396,12 @@ async def test_redis_decision_matches_the_pure_scoring(aredis: aioredis.Redis, k
                  **({"overlap_score_weight": weight} if cost == "blocks" else {})}
         settings = {"cost": cost, "decode_slowdown_weight": rng.choice([0.0, 0.05, 1.0]),
                     "eviction_weight": rng.choice([0.0, 0.5])}
-        expected = await policy(aredis, keys, seed=1000 + scenario, **settings).best(req("x", model_tokens, **knobs),
-                                                                                     workers)
+        expected = await oracle_best(policy(aredis, keys, **settings), req("x", model_tokens, **knobs), workers,
+                                     random.Random(1000 + scenario).random())
+        dry = await policy(aredis, keys, seed=1000 + scenario, **settings).best(req("x", model_tokens, **knobs), workers)
         got = await policy(aredis, keys, seed=1000 + scenario, **settings).choose(req("x", model_tokens, **knobs),
                                                                                   workers)
-        assert got == expected
+        assert got == dry == expected
         await aredis.delete(keys.router_inflight("m"), keys.router_inflight_requests("m"),
                             keys.router_inflight_expiry("m"))
         for w in workers:
@@ -427,6 +430,6 @@ async def test_every_candidate_gets_its_exact_run_on_a_long_prompt(aredis: aiore
         assert (d.worker_id, d.overlap_blocks) == (w.record.worker_id, runs[w.record.worker_id])
         p.release(f"pin-{w.record.worker_id}")
     await p.flush()
-    expected = await policy(aredis, keys).best(req("free", tokens), workers)  # a full read, scored in numpy
+    expected = await oracle_best(policy(aredis, keys), req("free", tokens), workers, random.Random(0).random())
     assert await p.choose(req("free", tokens), workers) == expected
     await p.aclose()

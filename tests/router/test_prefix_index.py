@@ -6,12 +6,12 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from bench.devstack import RedisServer
 from core.keys import Keys
 from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch, decode_kv_batch
 from router import prefix_index
 from router.prefix_index import PrefixIndex, owner_tag
 from router.resp import pack_command, pack_mget
-from sluice.devstack import RedisServer
 from tests.router.factories import RoundTripCounter
 
 CHAIN = [101, 102, 103, 104, 105, 106]

@@ -11,11 +11,11 @@ from dataclasses import replace
 import redis
 import redis.asyncio as aioredis
 
+from bench.devstack import RedisServer
 from core.keys import Keys, broker_binding_member
 from router.prefix_index import PURGE_CHUNK_BLOCKS, PrefixIndex, owner_tag
 from router.reaper import Reaped, Reaper, reap_dead_workers
 from router.registry import Registry, WorkerLoad, WorkerRecord
-from sluice.devstack import RedisServer
 from tests.router.factories import make_record, wait_lease_ended
 
 CHAIN = [11, 12, 13, 14]

@@ -9,9 +9,9 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, ResponseError
 
+from bench.devstack import RedisServer
 from router.resp import pack_command
 from router.resp_channel import PackedScript, RespChannel
-from sluice.devstack import RedisServer
 from tests.router.factories import RoundTripCounter
 
 

@@ -1,4 +1,5 @@
-"""Pure scoring: exact values of overlaps, costs and picks."""
+"""Overlaps read from the index's bitmaps (router.scoring), and the tests' oracle of the cost and the
+pick (tests/router/cost_oracle.py): exact values."""
 
 from __future__ import annotations
 
@@ -8,15 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from router.scoring import (
-    cost_terms,
-    evaluate,
-    kv_costs,
-    leading_overlaps,
-    pick_index,
-    prompt_blocks,
-    softmax_probabilities,
-)
+from router.scoring import leading_overlaps, prompt_blocks
+from tests.router.cost_oracle import cost_terms, evaluate, kv_costs, pick_index, softmax_probabilities
 
 
 def _bitmap(slots: set[int], width: int) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,13 +14,13 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
+from bench.devstack import RedisServer
 from core.keys import Keys
 from core.settings import RedisSettings, Settings
 from router.hashing import block_hashes, root_hash
 from router.prefix_index import PrefixIndex
 from router.registry import Registry, WorkerLoad
 from router.service import create_app
-from sluice.devstack import RedisServer
 from tests.router.factories import make_record
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "[UNK]"]
@@ -85,10 +86,38 @@ async def test_best_worker_picks_among_the_serving_workers_or_the_prefill_pool(
     r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens, "pool": "prefill"})
     assert (r.json()["worker_id"], r.json()["overlap_blocks"]) == ("p0", 4)
     await Registry(aredis, keys).deregister("p0")
-    r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens, "pool": "prefill"})
+    # The service sees the registry through its directory, refreshed in the background: wait for the refresh.
+    deadline = time.monotonic() + 10
+    while True:
+        r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens, "pool": "prefill"})
+        if r.status_code != 200 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.01)
     assert r.status_code == 503 and "no live prefill worker" in r.json()["error"]["message"]
     r = await http.post("/best_worker", json={"model": "m", "token_ids": tokens, "pool": "decode"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "pool"
+
+
+async def test_best_worker_answers_a_disaggregated_plan_as_the_frontend_would_make_it(
+        http: httpx.AsyncClient, aredis: aioredis.Redis, keys: Keys, model_dir: Path) -> None:
+    """With a prefill pool: the decode worker, why the prompt would (not) go to the prefill pool, and the
+    prefill worker that would compute it; still nothing recorded."""
+    await _register(aredis, keys, "d0", model_dir, pool="decode")
+    slot = await _register(aredis, keys, "p0", model_dir, pool="prefill")
+    tokens = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TEXT).ids  # 18 tokens
+    await PrefixIndex(aredis, keys).resync("p0", slot, "m", block_hashes(tokens, 4, root_hash("m")), 0)
+    body = {"model": "m", "token_ids": tokens}
+    assert (await http.post("/best_worker", json=body | {"disagg": "off"})).json() == {
+        "worker_id": "d0", "queue": "q.d0", "overlap_blocks": 0, "cost": 80.0}  # 16 × 5 blocks
+    auto = (await http.post("/best_worker", json=body)).json()  # the deployment's default: auto
+    assert (auto["worker_id"], auto["disagg_reason"], "prefill" in auto) == ("d0", "short uncached prompt", False)
+    for ask in ({"disagg": "on"}, {"disagg": "auto", "disagg_min_tokens": 10}):
+        plan = (await http.post("/best_worker", json=body | ask)).json()
+        assert (plan["worker_id"], plan["disagg_reason"]) == ("d0", "long uncached prompt")
+        assert plan["prefill"] == {"worker_id": "p0", "queue": "q.p0", "overlap_blocks": 4, "cost": 16.0}  # 16 × (5 − 4)
+    bad = await http.post("/best_worker", json=body | {"disagg": "maybe"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "disagg"
+    assert await aredis.exists(keys.router_inflight("m"), keys.router_inflight_requests("m")) == 0  # nothing routed
 
 
 async def test_workers_lists_load_and_index_size(http: httpx.AsyncClient, aredis: aioredis.Redis, keys: Keys,
@@ -138,7 +167,7 @@ def test_run_serves_on_the_configured_port(redis_server: RedisServer, redis_clie
     import subprocess
     import sys
 
-    from sluice.devstack import free_port, wait_until, with_parent_death_signal
+    from bench.devstack import free_port, wait_until, with_parent_death_signal
 
     port = free_port()
     env = {**os.environ, "SLUICE_REDIS__URL": redis_server.url, "SLUICE_NAMESPACE": namespace,
@@ -184,7 +213,7 @@ async def test_clear_kv_blocks_reaches_the_workers_control_channels(http: httpx.
 
 async def test_clear_kv_blocks_goes_to_the_broker_when_the_routing_state_is_apart(
         redis_server: RedisServer, redis_client, namespace: str) -> None:  # type: ignore[no-untyped-def]
-    """Workers listen for control commands on the broker's Redis (workers.host), wherever the routing
+    """Workers listen for control commands on the broker's Redis (workers.control), wherever the routing
     state lives: the command must be published there, not on the index Redis."""
     from core.messages import decode_control
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from router.time_cost import DEFAULT_TIMING, TimeWeights, time_costs, timing_columns
-from workers.engines.mocker_timing import decode_ms, prefill_ms
+from router.time_cost import DEFAULT_TIMING, TimeWeights, timing_columns
+from tests.router.cost_oracle import time_costs
+from workers.engines.mocker.timing import decode_ms, prefill_ms
 
 NO_EXTRAS = TimeWeights(slowdown=0.0, eviction=0.0)
 

@@ -13,17 +13,18 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from bench.devstack import RedisServer, wait_until
 from core.keys import Keys
-from core.messages import GenerateRequest, SamplingParams, request_to_builtins
+from core.messages import SamplingParams, TokenDelta, decode_deltas
 from core.settings import MockerSettings, RouterSettings, Settings, WorkerSettings
+from core.task_requests import GenerateRequest, request_to_builtins
 from router.hashing import block_hashes, root_hash
 from router.kv_policy import KvPolicy
 from router.policies import RouteRequest
 from router.prefix_index import PrefixIndex
 from router.reaper import reap_dead_workers
 from router.registry import Registry, WorkerIdentity
-from sluice.devstack import RedisServer, wait_until
-from workers.engines.mocker import MockerEngine
+from workers.engines.mocker.engine import MockerEngine
 from workers.host import EngineHost
 
 MODEL = "m"
@@ -106,6 +107,37 @@ def test_events_from_a_serving_worker_reach_the_index(host: EngineHost, redis_cl
     wait_until(lambda: in_sync(host, redis_client, keys), 10, "the index to follow evictions")
     raw = {k.decode(): v.decode() for k, v in redis_client.hgetall(keys.worker("w1")).items()}
     assert raw["kv_events"] == "True"
+
+
+def replies(pubsub: redis.client.PubSub, until_last: float = 10.0) -> list[TokenDelta]:
+    """The deltas on a subscribed reply channel up to the request's last one."""
+    deadline, out = time.monotonic() + until_last, []
+    while not (out and out[-1].is_last):
+        assert time.monotonic() < deadline, f"no last delta within {until_last}s: {out}"
+        message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+        if message is not None:
+            out.extend(decode_deltas(message["data"]))
+    return out
+
+
+def test_a_worker_serves_the_previous_version_and_answers_an_unknown_one_with_an_error_event(
+        host: EngineHost, redis_client: redis.Redis) -> None:
+    pubsub = redis_client.pubsub()
+    pubsub.subscribe("replies")
+    wire = request_to_builtins(GenerateRequest(request_id="new", model=MODEL, token_ids=prompt(8), reply_channel="replies",
+                                               sampling=SamplingParams(max_tokens=3, ignore_eos=True),
+                                               deadline=time.time() + 60))
+    # Version 1 (an old frontend): no role, no version, the role implied by its fields.
+    v1 = {k: v for k, v in wire.items() if k not in ("role", "v", "lora", "frontend_id")} | {"request_id": "old"}
+    host.serve(v1)
+    served = replies(pubsub)
+    assert served[-1].finish_reason == "length" and sum(len(d.token_ids) for d in served) == 3
+    host.serve(wire | {"request_id": "future", "v": 3})  # a frontend newer than this worker
+    refused = replies(pubsub)
+    assert len(refused) == 1 and refused[0].request_id == "future" and refused[0].worker_id == "w1"
+    assert refused[0].error is not None and refused[0].error.code == "unsupported_message"
+    assert "version 3" in refused[0].error.message
+    pubsub.close()
 
 
 def test_gap_triggers_a_resync(host: EngineHost, redis_client: redis.Redis, namespace: str) -> None:

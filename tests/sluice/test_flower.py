@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from flower.inspector import Inspector
 
-from sluice.devstack import Processes, RedisServer, wait_until
+from bench.devstack import Processes, RedisServer, wait_until
 from sluice.flower import NO_REPLY, START_UP_METHODS, START_UP_WINDOW_S, StartUpInspection
 from tests.support.ports import free_port
 

@@ -18,8 +18,8 @@ import pytest
 from honcho import manager as honcho_manager
 from honcho.environ import parse_procfile
 
+from bench.devstack import REPO, Processes, wait_until
 from core.settings import Settings
-from sluice.devstack import REPO, Processes, wait_until
 from sluice.launcher import EXECS, EXIT_MARGIN_S, parse_concurrency, shutdown_patience_s
 from tests.support.launched import Launched
 

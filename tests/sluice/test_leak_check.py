@@ -11,7 +11,7 @@ from multiprocessing import shared_memory
 
 import psutil
 
-from sluice.devstack import wait_until
+from bench.devstack import wait_until
 from tests.support.leaks import RUN_TAG_VAR, RunSnapshot, end_processes, orphaned_shm, tagged_processes
 
 

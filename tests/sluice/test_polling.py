@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.devstack import RedisServer, free_port
 from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import RedisSettings, Settings
 from router.frontends import FrontendRecord, FrontendRegistry
@@ -23,7 +24,6 @@ from router.prefix_index import PrefixIndex
 from router.queues import queue_list_keys
 from router.registry import Registry, WorkerLoad
 from sluice import status, targets
-from sluice.devstack import RedisServer, free_port
 from sluice.polling import redis_names
 from tests.router.factories import make_record
 from tests.support.redis_topologies import RedisClusterNodes

@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.devstack import REPO, Proc, Processes, wait_until
+from bench.devstack import REPO, Proc, Processes, wait_until
 from tests.support.leaks import processes_with_env
 
 #: The environment variable each launched process carries, with a value of its launch's own (not

@@ -1,5 +1,5 @@
 """Free local ports for the servers a test starts."""
 
-from sluice.devstack import free_port
+from bench.devstack import free_port
 
 __all__ = ["free_port"]

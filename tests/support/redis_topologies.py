@@ -24,7 +24,7 @@ from typing import Self
 
 import redis
 
-from sluice.devstack import free_port, wait_until, with_parent_death_signal
+from bench.devstack import free_port, wait_until, with_parent_death_signal
 
 
 def _redis_server() -> str:

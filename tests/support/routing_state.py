@@ -9,8 +9,8 @@ from collections.abc import Iterable
 import openai
 import redis
 
+from bench.devstack import Proc, wait_until
 from core.keys import Keys
-from sluice.devstack import Proc, wait_until
 
 
 def wait_workers_idle(index: redis.Redis, keys: Keys, model: str, workers: Iterable[str], refresh_s: float) -> None:

@@ -27,8 +27,8 @@ import openai
 import redis
 from redis.cluster import RedisCluster
 
+from bench.devstack import RedisServer, Stack
 from core.keys import Keys, broker_binding_member
-from sluice.devstack import RedisServer, Stack
 from tests.support.redis_topologies import RedisClusterNodes
 
 LAYOUTS = ("apart", "cluster")

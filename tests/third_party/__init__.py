@@ -16,7 +16,7 @@ celery, kombu   ``Consumer.on_send_event_buffered`` (wired by the      workers/c
                 the consumer's ``Hub.call_soon``/``call_later``
 kombu           the Redis transport's keys for a queue (one list per   router/reaper.py via            test_kombu_redis.py
                 priority, ``_kombu.binding*`` set members)             core/keys.py
-vllm            ``AsyncLLM.is_sleeping()`` as an ordering barrier      workers/engines/vllm_engine.py  test_vllm.py (``-m vllm``)
+vllm            ``AsyncLLM.is_sleeping()`` as an ordering barrier      workers/engines/vllm/engine.py  test_vllm.py (``-m vllm``)
                 after ``abort``; ``reset_prefix_cache(
                 reset_running_requests=True)``
 transformers    ``PreTrainedModel.hf_quantizer``, set by the GGUF      workers/models/weights.py       test_transformers.py
@@ -25,7 +25,7 @@ tokenizers      ``Tokenizer.encode_batch`` releases the GIL while it   app/model
                 works (``encode`` holds it)
 ==============  =====================================================  ==============================  ==========================
 
-vLLM's KV event wire format, mirrored by workers/engines/vllm_kv_events.py, is checked against
+vLLM's KV event wire format, mirrored by workers/engines/vllm/kv_events.py, is checked against
 vLLM's own encoder in tests/workers/test_vllm_kv_events.py. The vLLM and transformers guards import
 those libraries inside the tests, so the main environment still collects this package.
 """

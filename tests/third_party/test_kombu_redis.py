@@ -17,13 +17,13 @@ from celery import Celery
 from kombu import Consumer, Exchange, Producer, Queue
 from kombu.transport.redis import Channel
 
+from bench.devstack import RedisServer
 from core.keys import KOMBU_BINDING_SETS, KOMBU_PRIORITY_STEPS, KOMBU_SEP, Keys, broker_binding_member
-from sluice.devstack import RedisServer
 from tests.third_party.guard import drift, installed
 
 KOMBU = installed("kombu")
 CELERY = installed("celery")
-WHERE = "router/reaper.py and app/enqueue.py via core/keys.py (Keys.broker_*, broker_binding_member)"
+WHERE = "router/reaper.py and app/requests/enqueue.py via core/keys.py (Keys.broker_*, broker_binding_member)"
 ISOLATION = "workers/celery_app.py (global_keyprefix = Keys.broker_prefix): namespaces on one Redis"
 
 

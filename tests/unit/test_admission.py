@@ -1,4 +1,4 @@
-"""Admission control's bound (app.admission): this frontend's own count, or the worker's reported one."""
+"""Admission control's bound (app.requests.admission): this frontend's own count, or the worker's reported one."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from app.admission import Admission
+from app.requests.admission import Admission
 from core.errors import Overloaded
 from tests.router.factories import make_worker
 

@@ -20,9 +20,9 @@ from core.settings import MockerSettings
 from router.hashing import block_hashes, root_hash
 from tests.support.kv_events import KvEventLog
 from workers.engines.base import EngineOutput, EngineRequest, StepStats
-from workers.engines.mocker import MockerEngine
-from workers.engines.mocker_timing import decode_ms, prefill_ms
-from workers.engines.mocker_tokens import expected_output
+from workers.engines.mocker.engine import MockerEngine
+from workers.engines.mocker.timing import decode_ms, prefill_ms
+from workers.engines.mocker.tokens import expected_output
 
 MODEL = "mock-model"
 

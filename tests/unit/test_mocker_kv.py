@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
-from workers.engines.mocker_kv import KvBlockManager, KvCacheFull
+from workers.engines.mocker.kv import KvBlockManager, KvCacheFull
 
 
 def fill(kv: KvBlockManager, hashes: list[int], parent: int | None = None) -> None:

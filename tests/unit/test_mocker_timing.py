@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.engines.mocker_timing import decode_ms, prefill_ms, step_ms
+from workers.engines.mocker.timing import decode_ms, prefill_ms, step_ms
 
 
 def test_prefill_polynomial() -> None:

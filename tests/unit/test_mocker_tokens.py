@@ -7,7 +7,7 @@ import pytest
 import xxhash
 
 from core.messages import SamplingParams
-from workers.engines.mocker_tokens import FIRST_TOKEN_ID, expected_output, finish_reason, stream_key, token_at
+from workers.engines.mocker.tokens import FIRST_TOKEN_ID, expected_output, finish_reason, stream_key, token_at
 
 VOCAB = 49152
 PROMPT = [101, 2023, 2003, 1037, 3231]

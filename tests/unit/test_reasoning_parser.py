@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from app.parsing.reasoning import (
+from app.output.parsing.reasoning import (
     REASONING_PARSERS,
     ReasoningParser,
     ReasoningSplit,

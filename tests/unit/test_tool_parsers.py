@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.parsing.base import collect
-from app.parsing.tool_calls import (
+from app.output.parsing.base import collect
+from app.output.parsing.tool_calls import (
     TOOL_PARSERS,
     ContentDelta,
     ParsedOutput,

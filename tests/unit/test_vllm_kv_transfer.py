@@ -1,8 +1,8 @@
-"""The decode side's view of a vLLM transfer handle (workers/engines/vllm_kv_transfer.py)."""
+"""The decode side's view of a vLLM transfer handle (workers/engines/vllm/kv_transfer.py)."""
 
 from __future__ import annotations
 
-from workers.engines.vllm_kv_transfer import export_params, import_params
+from workers.engines.vllm.kv_transfer import export_params, import_params
 
 HANDLE = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[4, 5, 6]],
           "remote_engine_id": "e", "remote_request_id": "r-1", "remote_host": "127.0.0.1", "remote_port": 5601,

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sluice.devstack import wait_until, with_parent_death_signal
+from bench.devstack import wait_until, with_parent_death_signal
 
 PARENT = textwrap.dedent("""
     import multiprocessing, sys, threading, time

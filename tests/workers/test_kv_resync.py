@@ -1,6 +1,6 @@
 """The worker's KV relay repairing the prefix index against a real Redis, without vLLM: vLLM's KV event
 publisher is played by the test (the frames it sends over ZMQ, some of them lost or garbled), read by
-the vLLM engine's feed and translator (workers.engines.vllm_kv_events) into the relay
+the vLLM engine's feed and translator (workers.engines.vllm.kv_events) into the relay
 (workers.kv_relay) that writes the index. The test keeps vLLM's side of the story: what its cache
 really holds.
 
@@ -20,10 +20,10 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from bench.devstack import RedisServer
 from core.keys import Keys
 from router.hashing import block_hashes, root_hash
-from sluice.devstack import RedisServer
-from workers.engines.vllm_kv_events import KvEventFeed, KvEventTranslator
+from workers.engines.vllm.kv_events import KvEventFeed, KvEventTranslator
 from workers.kv_relay import RESYNC_REASONS, KvRelay
 from workers.metrics import WorkerMetrics
 

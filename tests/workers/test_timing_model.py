@@ -11,11 +11,11 @@ from core.messages import SamplingParams
 from core.settings import MockerSettings
 from core.timing import TimingModel
 from workers.engines.base import EngineRequest, StepStats
-from workers.engines.mocker import MockerEngine
-from workers.engines.mocker_timing import step_ms
+from workers.engines.mocker.engine import MockerEngine
+from workers.engines.mocker.timing import step_ms
 from workers.timing_model import TimingFit, fit
 
-#: The mocker's published model (workers/engines/mocker_timing.py).
+#: The mocker's published model (workers/engines/mocker/timing.py).
 PREFILL = (16.50142, 1.518344e-02, 4.209989e-07)
 DECODE = (5.74, 54.01, -25.74)
 
@@ -75,3 +75,20 @@ async def test_a_running_mockers_own_steps_recover_its_configured_model() -> Non
     finally:
         await engine.shutdown()
     assert_recovers(timing.model(), 2.0)
+
+
+def test_noisy_steps_never_make_a_longer_prompt_cheaper() -> None:
+    """Prefill steps of 60 to 700 tokens whose times level off (as on a busy CPU) fit a concave
+    parabola by plain least squares, which predicts a 4,000-token prompt as free; the fit keeps the
+    per-token and quadratic terms at 0 or above instead."""
+    rng = random.Random(3)
+    steps = []
+    for _ in range(200):
+        t = rng.randrange(60, 700)
+        ms = 500 + 5 * t - 0.004 * t * t + rng.gauss(0, 40)  # flattening: a negative quadratic term
+        steps.append((t, False, 0.0, ms))
+        steps.append((0, True, rng.random(), 150 + rng.gauss(0, 10)))
+    model = fit(steps)
+    assert model is not None and model.prefill[1] >= 0 and model.prefill[2] >= 0
+    assert model.prefill_ms(4000) > model.prefill_ms(700) > model.prefill_ms(100) > 0
+    assert model.decode_ms(0.5) == pytest.approx(150, abs=10)

@@ -29,7 +29,7 @@ from router.hashing import block_hashes, root_hash  # noqa: E402
 from tests.engines.conftest import EngineCase, shared_engine  # noqa: E402
 from tests.workers.vllm_support import MODEL, smollm2_weights_dir  # noqa: E402
 from workers.engines.base import EngineOutput, EngineRequest, EngineStartError, StepStats  # noqa: E402
-from workers.engines.vllm_engine import VllmEngine, to_vllm_sampling  # noqa: E402
+from workers.engines.vllm.engine import VllmEngine, to_vllm_sampling  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -101,7 +101,7 @@ async def test_stored_events_name_the_prompt_blocks_in_sluice_hashes(engine: Eng
 def test_vllms_logprobs_become_sluices() -> None:
     from vllm.logprobs import Logprob
 
-    from workers.engines.vllm_engine import token_logprobs
+    from workers.engines.vllm.engine import token_logprobs
 
     step = {7: Logprob(-0.5, rank=2), 9: Logprob(-0.1, rank=1), 3: Logprob(-2.0, rank=3)}
     (entry,) = token_logprobs([7], [step], 2)
@@ -129,7 +129,7 @@ async def test_every_engine_step_is_reported_with_its_time_and_tokens(engine: En
 def test_a_step_is_read_from_vllm_iteration_details() -> None:
     from vllm.v1.metrics.stats import IterationStats, SchedulerIterationDetails, SchedulerStats
 
-    from workers.engines.vllm_stats import step_of
+    from workers.engines.vllm.stats import step_of
 
     details = SchedulerIterationDetails(iteration_index=3, num_ctx_requests=1, num_ctx_tokens=100,
                                         num_generation_requests=2, num_generation_tokens=2, elapsed_ms=12.5)
@@ -181,7 +181,7 @@ async def test_start_compiles_the_logprobs_kernel_with_a_request_that_caches_not
     """The start-up request asks for one token with both kinds of logprobs (each compiles vLLM's
     ranking kernel on first use), on a prompt shorter than a block: nothing enters the prefix cache,
     no KV event reaches the router. A failure is logged: the worker starts all the same."""
-    from workers.engines.vllm_engine import _warm_logprobs
+    from workers.engines.vllm.engine import _warm_logprobs
 
     llm = _WarmUpLlm()
     await _warm_logprobs(llm)  # type: ignore[arg-type]

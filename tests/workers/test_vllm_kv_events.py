@@ -1,4 +1,4 @@
-"""workers.engines.vllm_kv_events: vLLM KV events -> Sluice block hashes, and what is lost on the way
+"""workers.engines.vllm.kv_events: vLLM KV events -> Sluice block hashes, and what is lost on the way
 (no vLLM needed).
 
 Where vLLM is installed, its own event classes encode a batch that the wire structs decode.
@@ -15,7 +15,7 @@ from core.messages import AllBlocksCleared, BlockRemoved, BlockStored
 from router.hashing import block_hashes, root_hash
 from tests.support.kv_events import KvEventLog
 from workers.engines.base import KvTrackLost
-from workers.engines.vllm_kv_events import (
+from workers.engines.vllm.kv_events import (
     KvEventFeed,
     KvEventTranslator,
     UndecodableBatch,
@@ -227,7 +227,7 @@ async def test_the_feed_reads_vllms_own_publisher_over_zmq() -> None:
 
     from vllm.distributed import kv_events as v
 
-    from workers.engines.vllm_kv_subscriber import KvEventSubscriber
+    from workers.engines.vllm.kv_subscriber import KvEventSubscriber
 
     subscriber = KvEventSubscriber()
     publisher = v.ZmqEventPublisher(0, endpoint=subscriber.endpoint, topic="kv")

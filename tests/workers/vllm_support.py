@@ -41,7 +41,7 @@ def smollm2_weights_dir() -> Path:
 
 async def start_vllm_engine(sink: KvEventSink) -> tuple[Engine, None]:
     """Start vLLM on SmolLM2 (about a minute on CPU). Its output is not known in advance: None."""
-    from workers.engines.vllm_engine import VllmEngine
+    from workers.engines.vllm.engine import VllmEngine
 
     engine = VllmEngine(MODEL, smollm2_weights_dir(), TEST_SETTINGS)
     await engine.start(sink)

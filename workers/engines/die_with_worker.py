@@ -22,7 +22,6 @@ The "parent" is the thread that starts the process: arm from a thread that lives
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import logging
 import multiprocessing.spawn
@@ -35,19 +34,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.parent_death import arm_parent_death_signal
+
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
-
-def arm_parent_death_signal(sig: int = signal.SIGTERM, parent_pid: int | None = None) -> None:
-    """Ask the kernel for ``sig`` when this process's parent thread dies; if the parent already died
-    (``parent_pid`` given and no longer the parent), the signal comes at once."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if parent_pid is not None and os.getppid() != parent_pid:
-        os.kill(os.getpid(), sig)
 
 
 @dataclass

@@ -51,7 +51,7 @@ def build_tokenizer(meta: GgufMetadata) -> Tokenizer:
         known = ", ".join(sorted(PRE_TOKENIZERS))
         raise UnsupportedModelError(f"GGUF pre-tokenizer {meta.pre_tokenizer!r} is not supported ({known})")
     vocab = {token: i for i, token in enumerate(meta.tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in meta.merges]
+    merges = [(left, right) for left, right in (m.split(" ", 1) for m in meta.merges)]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tokenizer.pre_tokenizer = make_pre()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)

@@ -1,0 +1,50 @@
+"""What a worker is running, shared by its request runner (workers.request_runner), its control
+channel (workers.control) and its lifecycle (workers.host); all on the engine loop's thread."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+#: How many cancels for requests not (yet) running a worker remembers.
+EARLY_CANCELS_MAX = 4096
+
+
+@dataclass
+class RunningRequests:
+    #: The task serving each running request, by its wire id.
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    #: The frontend of each running request (those that name one).
+    frontend_of: dict[str, str] = field(default_factory=dict)
+    #: Requests aborted at the drain deadline: they end with ``worker_draining`` (the frontend moves
+    #: them), not as finished.
+    evicted: set[str] = field(default_factory=set)
+    #: Cancels that came before their request's task (most recent last).
+    early_cancels: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    #: Taking no new request (SIGTERM or the ``drain`` command).
+    draining: bool = False
+
+    def ids(self) -> list[str]:
+        return list(self.tasks)
+
+    def remember_cancel(self, request_id: str) -> None:
+        """A cancel for a request not running here (yet): its task, if it comes, ends at once."""
+        self.early_cancels[request_id] = None
+        while len(self.early_cancels) > EARLY_CANCELS_MAX:
+            self.early_cancels.popitem(last=False)
+
+    def take_cancel(self, request_id: str) -> bool:
+        """Whether a cancel came for ``request_id`` before it started (forgotten once asked)."""
+        return self.early_cancels.pop(request_id, False) is None
+
+    def started(self, request_id: str, task: asyncio.Task[None] | None, frontend_id: str | None) -> None:
+        if task is not None:
+            self.tasks[request_id] = task
+        if frontend_id:
+            self.frontend_of[request_id] = frontend_id
+
+    def ended(self, request_id: str) -> None:
+        self.tasks.pop(request_id, None)
+        self.frontend_of.pop(request_id, None)
+        self.evicted.discard(request_id)
