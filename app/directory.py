@@ -36,10 +36,12 @@ class WorkerDirectory:
         self._registry = registry
         self._hub = hub
         self._on_refresh = on_refresh
-        #: After Redis was away (no refresh for ``_outage_s``), a lease that lapsed meanwhile says nothing
-        #: of its worker, which could not renew it either: streams on workers without a lease are failed
-        #: only once ``lost_grace_s`` (a worker's lease) has passed since Redis answered again.
+        #: After Redis was away (a refresh failed, or none ran for ``_outage_s``), a lease that lapsed
+        #: meanwhile says nothing of its worker, which could not renew it either (a restarted Redis holds
+        #: no lease at all): streams on workers without a lease are failed only once ``lost_grace_s`` (a
+        #: worker's lease) has passed since Redis answered again.
         self._outage_s = 2 * refresh_s + 1.0
+        self._missed = False
         self._lost_grace_s = lost_grace_s
         #: Monotonic seconds (a test passes its own, so that no judgment depends on how busy the machine is).
         self._clock = clock
@@ -66,7 +68,11 @@ class WorkerDirectory:
         await self._refresher.stop()
 
     async def refresh(self) -> None:
-        live = await self._registry.live_workers()
+        try:
+            live = await self._registry.live_workers()
+        except Exception:
+            self._missed = True
+            raise
         by_model: dict[str, list[LiveWorker]] = {}
         for w in live:
             if w.load.draining:
@@ -78,8 +84,9 @@ class WorkerDirectory:
         self._known_models.update(by_model)
         self.alive = alive = {w.record.worker_id for w in live}
         now = self._clock()
-        if self.refreshed_at and now - self.refreshed_at > self._outage_s:
+        if self._missed or (self.refreshed_at and now - self.refreshed_at > self._outage_s):
             self._judge_from = now + self._lost_grace_s
+            self._missed = False
         self.refreshed_at = now
         if now >= self._judge_from:
             for stream in self._hub.streams_of_workers(self._hub.active_workers() - alive):

@@ -211,6 +211,8 @@ class EngineHost:
 
     async def _heartbeat(self) -> None:
         interval = self.settings.worker.heartbeat_interval_s
+        renewed_at = time.monotonic()  # the last renewal that Redis took
+        failed_at: float | None = None  # the last failed renewal since then
         while True:
             await asyncio.sleep(interval)
             try:
@@ -218,19 +220,24 @@ class EngineHost:
                 fresh = await self.registry.heartbeat(self.record, self._load(), self.settings.worker.lease_ttl_s)
                 if fresh is not None:  # re-registered (Redis lost our lease): the index must be rebuilt
                     self.record = fresh
-                    await self._drop_running("this worker's lease lapsed: its frontends moved or ended its requests")
+                    await self._drop_lapsed(renewed_at if failed_at is None else failed_at)
                     await self._publish_kv_state(fresh.slot)
+                renewed_at, failed_at = time.monotonic(), None
                 await self._drop_orphans()
             except Exception:  # noqa: BLE001 - keep heartbeating through Redis hiccups
+                failed_at = time.monotonic()
                 log.exception("heartbeat failed")
 
-    async def _drop_running(self, why: str) -> None:
-        """Abort every running request: nobody waits for them any more (a frontend takes a worker
-        whose lease lapsed for lost, and moves or ends its requests)."""
-        if self.running.tasks:
-            log.warning("worker %s dropping %d running request(s): %s", self.identity.worker_id,
-                        len(self.running.tasks), why)
-        for request_id in self.running.ids():
+    async def _drop_lapsed(self, lapsed_at: float) -> None:
+        """Abort the requests that started before the lease was lost (``lapsed_at``: the last renewal
+        that failed, or else the last that Redis took): their frontends took this worker for lost, or
+        lost their streams with Redis, and moved or ended them. A request taken since (Redis came back
+        before this renewal) has a frontend waiting for it and goes on."""
+        stale = self.running.started_before(lapsed_at)
+        if stale:
+            log.warning("worker %s dropping %d of %d running request(s): this worker's lease lapsed, and their "
+                        "frontends moved or ended them", self.identity.worker_id, len(stale), len(self.running.tasks))
+        for request_id in stale:
             await self.engine.abort(request_id)
 
     async def _drop_orphans(self) -> None:

@@ -4,6 +4,7 @@ channel (workers.control) and its lifecycle (workers.host); all on the engine lo
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -17,6 +18,8 @@ class RunningRequests:
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     #: The frontend of each running request (those that name one).
     frontend_of: dict[str, str] = field(default_factory=dict)
+    #: When each running request started (monotonic seconds).
+    started_at: dict[str, float] = field(default_factory=dict)
     #: Requests aborted at the drain deadline: they end with ``worker_draining`` (the frontend moves
     #: them), not as finished.
     evicted: set[str] = field(default_factory=set)
@@ -27,6 +30,10 @@ class RunningRequests:
 
     def ids(self) -> list[str]:
         return list(self.tasks)
+
+    def started_before(self, moment: float) -> list[str]:
+        """The running requests that started before ``moment`` (monotonic seconds)."""
+        return [r for r in self.tasks if self.started_at.get(r, 0.0) < moment]
 
     def remember_cancel(self, request_id: str) -> None:
         """A cancel for a request not running here (yet): its task, if it comes, ends at once."""
@@ -41,10 +48,12 @@ class RunningRequests:
     def started(self, request_id: str, task: asyncio.Task[None] | None, frontend_id: str | None) -> None:
         if task is not None:
             self.tasks[request_id] = task
+            self.started_at[request_id] = time.monotonic()
         if frontend_id:
             self.frontend_of[request_id] = frontend_id
 
     def ended(self, request_id: str) -> None:
         self.tasks.pop(request_id, None)
         self.frontend_of.pop(request_id, None)
+        self.started_at.pop(request_id, None)
         self.evicted.discard(request_id)

@@ -9,6 +9,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
@@ -99,6 +100,23 @@ async def test_a_lease_gone_while_redis_was_away_is_judged_only_after_a_grace(to
         await directory.refresh()
         assert await _lost(on_w1)
 
+        # Redis away for a moment only (one refresh failed, no gap to speak of), back empty: a worker
+        # that has not renewed its lease yet is not judged before the grace either.
+        await _register(registry, "w3", tokenizer_dir)
+        await directory.refresh()
+        on_w3 = hub.open("r3", "w3")
+        server._halt()
+        clock.now += REFRESH_S
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await directory.refresh()
+        server.start()
+        await client.connection_pool.disconnect()
+        clock.now += REFRESH_S
+        await _refresh_once_redis_answers(directory)
+        assert "w3" not in directory.alive and not await _lost(on_w3)
+        clock.now += GRACE_S
+        await directory.refresh()
+        assert await _lost(on_w3)
     finally:
         await client.aclose()
         server.stop()

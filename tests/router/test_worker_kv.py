@@ -7,6 +7,7 @@ Every check waits for a condition (the index equal to the engine's cache), never
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
@@ -222,6 +223,51 @@ def test_resync_after_flushall() -> None:
         serve(host, prompt(40, salt=4))  # and it keeps relaying afterwards
         wait_until(lambda: in_sync(host, client, keys), 10, "the next request's blocks")
     finally:
+        host.stop()
+        client.close()
+        server.stop()
+
+
+def test_a_lapsed_lease_drops_the_requests_from_before_it_and_keeps_those_taken_since() -> None:
+    """Redis loses the registration (a restart, here FLUSHALL): at its next heartbeat the worker
+    registers again and aborts what it was running before (its frontends moved or ended those), but
+    not a request it took after Redis lost the lease: that one's frontend is waiting for it."""
+    server = RedisServer().start()  # a private server: FLUSHALL must not touch the session's Redis
+    client = redis.Redis.from_url(server.url)
+    keys = Keys("lapse")
+    s = Settings(redis_url=server.url, namespace="lapse", model=MODEL, worker=WorkerSettings(
+        heartbeat_interval_s=0.2, lease_ttl_s=3.0, mocker=MockerSettings(block_size=BLOCK, kv_blocks=4096)))
+    engine = MockerEngine(MODEL, s.worker.mocker, context_length=100_000)
+    host = EngineHost(s, engine, WorkerIdentity(worker_id="w1", model=MODEL, model_path="/nonexistent", pool="agg",
+                                                queue=keys.worker_queue("w1"), pool_queue=keys.pool_queue(MODEL, "agg")))
+    pubsub = client.pubsub()
+    try:
+        host.start()
+        host.go_live()
+        pubsub.subscribe("before", "since")
+
+        def start(request_id: str) -> None:  # minutes of tokens at the mocker's pace, on a task thread
+            payload = request_to_builtins(GenerateRequest(
+                request_id=request_id, model=MODEL, token_ids=prompt(16), reply_channel=request_id,
+                sampling=SamplingParams(max_tokens=20_000, ignore_eos=True), deadline=time.time() + 120))
+            threading.Thread(target=host.serve, args=(payload,), daemon=True).start()
+            wait_until(lambda: request_id in running(), 10, f"{request_id} to run")
+
+        def running() -> set[str]:
+            return set(host._call(_on_loop(host.running.ids)))
+
+        start("before")
+        taken = time.time()
+        # A heartbeat renewed the lease after "before" started: it is from before the lease lapsed.
+        wait_until(lambda: float(client.hget(keys.load("w1"), "updated_at") or 0) > taken, 10, "a renewal")
+        client.flushall()
+        start("since")
+        wait_until(lambda: client.exists(keys.worker("w1")), 10, "the worker to register again")
+        ended = replies(pubsub, until_last=10.0)
+        assert ended[-1].request_id == "before" and ended[-1].finish_reason == "abort"
+        assert running() == {"since"}
+    finally:
+        pubsub.close()
         host.stop()
         client.close()
         server.stop()
