@@ -238,8 +238,8 @@ async def start_choices(rt: FrontendRuntime, request: Request, body: SamplingFie
         await rt.accounts.admit(principal, model, len(prompt_ids))
         for i in range(body.n):
             first = gens[0] if gens else None
-            pinned = overrides if first is None or first.worker_id is None \
-                else dataclasses.replace(overrides, worker_id=first.worker_id)
+            routed = first.attempt.routed_to if first is not None and first.attempt is not None else None
+            pinned = overrides if routed is None else dataclasses.replace(overrides, worker_id=routed)
             spec = GenerationSpec(
                 model=model, lora=lora, prompt_token_ids=prompt_ids, stops=tuple(body.stop_strings()),
                 sampling=msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, i)),

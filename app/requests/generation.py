@@ -32,6 +32,7 @@ import msgspec
 from app.model_card import ModelCard
 from app.output.text import TextAssembler
 from app.protocol.common import SamplingFields
+from app.requests.attempt import Attempt
 from app.requests.observer import Outcome, RequestObserver
 from core.errors import (
     STREAM_INTERRUPTED,
@@ -60,6 +61,7 @@ from router.registry import LiveWorker
 from router.request_plan import (
     DisaggMode,
     PlanRequest,
+    RequestPlan,
     disagg_mode,
     disagg_thresholds,
     plan_route,
@@ -68,7 +70,6 @@ from router.request_plan import (
 
 if TYPE_CHECKING:
     from app.accounts.service import Principal
-    from app.requests.streams import RequestStream
     from app.runtime import FrontendRuntime
 
 log = logging.getLogger(__name__)
@@ -122,15 +123,13 @@ class Generation:
         self.transferred_tokens = 0
         self.finish_reason: str | None = None
         self.error_type: str | None = None
-        self.worker_id: str | None = None
         self.pool = ""
-        #: Disaggregation: where the prompt was computed (None: no prefill pool was considered) and,
-        #: when remote, by which prefill worker.
+        #: Disaggregation: where the prompt was computed (None: no prefill pool was considered).
         self.plan: PrefillPlan | None = None
+        #: The first attempt's prefill worker (the usage record and the headers name it).
         self.prefill_worker_id: str | None = None
-        #: The id the current attempt carries on the wire (tasks, deltas, cancels, the router's
-        #: prediction): the request id, then ``<request id>-r<n>`` after the n-th migration.
-        self._wire_id = self.request_id
+        #: The current attempt (None before ``start`` and after ``close``).
+        self.attempt: Attempt | None = None
         #: Every token streamed so far (what a migrated attempt is given), and the workers lost.
         self._generated: list[int] = []
         #: With ``sampling.logprobs``: (token id, its logprobs) of the tokens not yet handed out.
@@ -139,12 +138,8 @@ class Generation:
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self._lost: list[str] = []
         self._migrations = 0
-        self._awaiting_first = True
-        #: When the current attempt was enqueued (monotonic): the queue-wait limit counts from it.
-        self._queued_since = time.monotonic()
         #: The worker this request counts against in admission control until its first token.
         self._waiting_on: str | None = None
-        self._stream: RequestStream | None = None
         self.observer = RequestObserver(rt, spec.model, principal)
         self._deadline = self.observer.wall0 + rt.settings.frontend.request_timeout_s
         self._done = False
@@ -190,13 +185,12 @@ class Generation:
         stream = rt.hub.open(self.request_id, None)
         self._policy = policy
         self.observer.enqueued()
+        attempt = Attempt(self.request_id, stream)
         try:
             plan = await plan_route(request, self._choose)
             self.plan = plan.disagg
-            if plan.prefill is not None:
-                # The prefill worker serves the stream until its first token, the decode worker after it.
-                self.prefill_worker_id = stream.worker_id = plan.prefill.worker_id
-                stream.handoff_to = plan.serving.worker_id
+            self._follow(attempt, plan)
+            self.prefill_worker_id = attempt.prefill_worker
             for queue, parts in plan.to_push:
                 await rt.enqueuer.push(queue, parts.for_queue(queue))
         except BaseException as exc:
@@ -208,12 +202,20 @@ class Generation:
                 # A broadcast cancel makes whichever worker gets it drop it at once.
                 rt.send_control(rt.keys.control_broadcast, ControlCommand("cancel", self.request_id))
             raise
-        self._stream = stream
-        self.worker_id = plan.serving.worker_id
-        if stream.worker_id is None:
-            stream.worker_id = plan.serving.worker_id
-        self._wait_on(stream.worker_id)
+        self.attempt = attempt
+        self._wait_on(attempt.serving)
         self.pool = workers[0].record.pool
+
+    @staticmethod
+    def _follow(attempt: Attempt, plan: RequestPlan) -> None:
+        """Point the attempt at the workers its plan named: the prefill worker serves the stream until
+        its first token, the decode worker after it; without one, the serving worker from the start."""
+        attempt.routed_to = plan.serving.worker_id
+        if plan.prefill is not None:
+            attempt.prefill_worker = attempt.stream.worker_id = plan.prefill.worker_id
+            attempt.stream.handoff_to = plan.serving.worker_id
+        elif attempt.stream.worker_id is None:
+            attempt.stream.worker_id = plan.serving.worker_id
 
     async def _choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
         """The policy's decision, timed and counted in the routing metrics (with, in kv mode, the share
@@ -255,7 +257,7 @@ class Generation:
 
     async def text(self) -> AsyncIterator[str]:
         """Client-visible text as it arrives; ends after the last delta. Raises UpstreamError on failure."""
-        assert self._stream is not None
+        assert self.attempt is not None
         card = self.card
         assembler = TextAssembler(card.tokenizer, card.decode_stream(), self.spec.stops)
         stall = self.rt.settings.frontend.stall_timeout_s
@@ -263,7 +265,7 @@ class Generation:
             left = self._deadline - time.time()
             queued = self._queued_left()
             try:
-                batch = await self._stream.get_batch(max(min(stall, left, queued), 0.0))
+                batch = await self.attempt.stream.get_batch(max(min(stall, left, queued), 0.0))
             except TimeoutError:
                 if queued <= min(stall, left):
                     self._fail("queue_timeout")
@@ -279,7 +281,8 @@ class Generation:
                 if left <= stall:
                     raise UpstreamError("the request did not finish before its deadline", code="timeout") from None
                 raise StreamStalled(f"no tokens from the worker for {stall:.0f} s") from None
-            self.observer.taken(self._stream.started_at)
+            attempt = self.attempt
+            self.observer.taken(attempt.stream.started_at)
             token_ids: list[int] = []
             last = None
             for delta in batch:
@@ -292,10 +295,10 @@ class Generation:
                     last = delta
             if token_ids:
                 self.observer.tokens(len(token_ids))
-                if self._awaiting_first:
-                    self._awaiting_first = False
+                if attempt.awaiting_first:
+                    attempt.awaiting_first = False
                     self._wait_on(None)
-                    self._policy.prefill_done(self._wire_id)
+                    self._policy.prefill_done(attempt.wire_id)
                     self._policy.release(self._prefill_key)  # the prefill worker is done with it
                 self._generated.extend(token_ids)
                 self.completion_tokens += len(token_ids)
@@ -347,17 +350,18 @@ class Generation:
 
     def _queued_left(self) -> float:
         """Seconds the request may still wait for a worker to take it (inf once taken, or unbounded)."""
-        limit = self.rt.settings.frontend.max_queue_wait_s
-        if limit <= 0 or not self._awaiting_first or (self._stream and self._stream.started_at is not None):
+        limit, attempt = self.rt.settings.frontend.max_queue_wait_s, self.attempt
+        if limit <= 0 or attempt is None or not attempt.awaiting_first or attempt.stream.started_at is not None:
             return float("inf")
-        return self._queued_since + limit - time.monotonic()
+        return attempt.queued_since + limit - time.monotonic()
 
     def _computing_prompt(self) -> bool:
         """No token yet from a worker whose lease is live: it is computing the prompt (a long one
         takes minutes on a CPU) or has it queued. Silence then is not a stall; a dead worker is
         noticed by its lease, and the deadline still holds."""
-        worker = self._stream.worker_id if self._stream else None
-        return self._awaiting_first and worker is not None and worker in self.rt.directory.alive
+        attempt = self.attempt
+        return (attempt is not None and attempt.awaiting_first and attempt.serving is not None
+                and attempt.serving in self.rt.directory.alive)
 
     def _worker_lost(self, last: TokenDelta) -> bool:
         """The serving worker was lost (or, draining, refused the request) before the request ended,
@@ -384,23 +388,21 @@ class Generation:
         computed there as its prompt (a local prefill), numbered on from them. Raises UpstreamError
         when no other worker serves the model."""
         rt, spec = self.rt, self.spec
-        assert self._stream is not None
-        lost = self._stream.worker_id
+        old = self.attempt
+        assert old is not None
+        lost = old.serving
         if lost and lost not in self._lost:
             self._lost.append(lost)
-        old = self._wire_id
         self._wait_on(None)
-        rt.hub.discard(old)
-        self._policy.release(old)
+        rt.hub.discard(old.wire_id)
+        self._policy.release(old.wire_id)
         self._policy.release(self._prefill_key)
         # Every worker of the old attempt drops it: a "lost" worker that was only slow (it may still
         # hand a decode task on, or be handed one), and the decode worker it was meant for (a cancel
         # that arrives before the task is remembered). A prefill worker also frees the blocks it
         # holds for the old attempt now instead of at its hold's end.
-        for worker in dict.fromkeys(w for w in (lost, self.prefill_worker_id, self.worker_id) if w):
-            rt.send_control(rt.keys.control_channel(worker), ControlCommand("cancel", old))
-        if self.prefill_worker_id:
-            rt.send_control(rt.keys.control_channel(self.prefill_worker_id), ControlCommand("kv_release", old))
+        old.cancel(rt)
+        old.release_prefill(rt)
         workers = [w for w in rt.directory.by_model.get(spec.model, ())
                    if w.record.pool.serves_clients and w.record.worker_id not in self._lost
                    and (spec.lora is None or w.load.has_lora(spec.lora))]
@@ -412,25 +414,23 @@ class Generation:
             raise UpstreamError(f"worker {lost} stopped responding and no other worker serves {spec.model!r}",
                                 code="worker_lost")
         self._migrations += 1
-        self._wire_id = f"{self.request_id}-r{self._migrations}"
+        wire_id = f"{self.request_id}-r{self._migrations}"
         carried = len(self._generated)
         token_ids = [*spec.prompt_token_ids, *self._generated]
         sampling = spec.sampling if self.prompt_logprobs is None \
             else msgspec.structs.replace(spec.sampling, prompt_logprobs=None)  # had them: not again
-        payload = ResumeRequest(request_id=self._wire_id, model=spec.model, token_ids=token_ids,
+        payload = ResumeRequest(request_id=wire_id, model=spec.model, token_ids=token_ids,
                                 sampling=sampling, reply_channel=rt.hub.channel, deadline=self._deadline,
                                 carried_tokens=carried, frontend_id=rt.frontend_id, lora=spec.lora)
-        task = task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=self._wire_id,
+        task = task_message_parts(GENERATE_TASK, [request_to_builtins(payload)], task_id=wire_id,
                                   argsrepr=f"request {self.request_id}: resumed after worker {lost} was lost, "
                                            f"{carried} tokens carried")
-        self._stream = stream = rt.hub.open(self._wire_id, None, first_seq=carried)
-        self._awaiting_first = True
-        self._queued_since = time.monotonic()
+        self.attempt = attempt = Attempt(wire_id, rt.hub.open(wire_id, None, first_seq=carried))
         self.observer.enqueued()
         over = dataclasses.replace(spec.overrides, worker_id=None)
         try:
             plan = await plan_route(PlanRequest(
-                RouteRequest(self._wire_id, spec.model, token_ids, spec.lora, overrides=over, task=task),
+                RouteRequest(wire_id, spec.model, token_ids, spec.lora, overrides=over, task=task),
                 serving=pinned or workers), self._choose)
             for queue, parts in plan.to_push:
                 await rt.enqueuer.push(queue, parts.for_queue(queue))
@@ -440,11 +440,11 @@ class Generation:
             self._done = True
             raise UpstreamError(f"worker {lost} stopped responding and the request could not be moved: {exc}",
                                 code="worker_lost") from exc
-        stream.worker_id = self.worker_id = plan.serving.worker_id
-        self._wait_on(plan.serving.worker_id)
+        self._follow(attempt, plan)
+        self._wait_on(attempt.serving)
         rt.metrics.migrations.labels(spec.model).inc()
         log.warning("request %s: worker %s lost after %d tokens; continuing on %s",
-                    self.request_id, lost, carried, plan.serving.worker_id)
+                    self.request_id, lost, carried, attempt.serving)
 
     def _wait_on(self, worker_id: str | None) -> None:
         """Count the request against ``worker_id`` in admission control (None: against none)."""
@@ -456,8 +456,8 @@ class Generation:
 
     @property
     def served_by(self) -> str | None:
-        """The worker serving the request: the routed one, or (pool mode) the one whose deltas arrive."""
-        return self.worker_id or (self._stream.worker_id if self._stream else None)
+        """The worker that generates the answer (the ``x-sluice-worker`` header)."""
+        return self.attempt.server if self.attempt else None
 
     def _fail(self, kind: str) -> None:
         self.error_type = kind
@@ -468,29 +468,25 @@ class Generation:
         if self._done:
             return
         self._done = True
-        cancel = ControlCommand("cancel", self._wire_id)
-        workers = {w for w in (self.served_by, self.prefill_worker_id) if w}
-        if not workers:
-            self.rt.send_control(self.rt.keys.control_broadcast, cancel)
-        for worker in workers:  # disaggregated: the prefill worker and the decode worker
-            self.rt.send_control(self.rt.keys.control_channel(worker), cancel)
+        if self.attempt is not None:
+            self.attempt.cancel(self.rt)
 
     async def close(self) -> None:
-        if self._stream is None:
+        attempt = self.attempt
+        if attempt is None:
             return
-        stream, self._stream = self._stream, None
         if not self._done:
             if self.error_type is None and self.finish_reason is None:
                 self.error_type = "cancelled"
             self._cancel_on_worker()
+        self.attempt = None
         self._wait_on(None)
-        self.rt.hub.discard(self._wire_id)
-        self._policy.release(self._wire_id)
+        self.rt.hub.discard(attempt.wire_id)
+        self._policy.release(attempt.wire_id)
         self._policy.release(self._prefill_key)
         self.observer.finish(Outcome(
             request_id=self.request_id, model=self.spec.model, pool=self.pool,
-            worker_ids=list(dict.fromkeys(
-                w for w in (self.prefill_worker_id, *self._lost, self.worker_id or stream.worker_id) if w)),
+            worker_ids=list(dict.fromkeys(w for w in (self.prefill_worker_id, *self._lost, attempt.server) if w)),
             prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
             transferred_tokens=self.transferred_tokens, completion_tokens=self.completion_tokens,
             finish_reason=self.finish_reason, error_type=self.error_type, charge_prompt=self.spec.charge_prompt,
