@@ -12,13 +12,15 @@ import functools
 import os
 import socket
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.pools import Pool
 
+#: The engines a worker can host, by name: the names of ``workers.engines.registry.ENGINES`` (a unit test
+#: holds them equal; core/ cannot import the registry, which lives above it).
 EngineKind = Literal["mocker", "vllm"]
 RouterMode = Literal["kv", "round_robin", "random", "least_loaded", "pool"]
 #: A Redis namespace: no ``:``, so that no namespace's key prefix (``sluice:{ns}:``, core.keys) starts another's.
@@ -47,11 +49,18 @@ class RedisSettings(BaseModel):
     sentinel_master: str = "mymaster"
 
 
-class MockerSettings(BaseModel):
+class EngineSettings(BaseModel):
+    """What every engine's settings group has. Each engine's group is a subclass, a field of
+    :class:`WorkerSettings` named as the engine; its spec (``workers.engines.spec.EngineSpec``) names
+    the class."""
+
+    #: Batch size, and the worker's Celery concurrency (unless ``SLUICE_WORKER__CONCURRENCY`` is set).
+    max_num_seqs: int = Field(64, ge=1)
+
+
+class MockerSettings(EngineSettings):
     """Simulated engine. Timing follows the published model of Dynamo's mocker (see workers/engines/mocker/timing.py)."""
 
-    #: It serves a model from its tokenizer alone (``sluice models prepare`` skips the weights).
-    needs_weights: ClassVar[bool] = False
     speedup: float = Field(1.0, gt=0)
     no_sleep: bool = False
     block_size: int = Field(16, ge=1)
@@ -67,11 +76,10 @@ class MockerSettings(BaseModel):
     script: Path | None = None
 
 
-class VllmSettings(BaseModel):
+class VllmSettings(EngineSettings):
     """The vLLM engine (workers/engines/vllm/engine.py; docs/engines.md). Prefix caching and KV
     cache events are always on; the block size and KV capacity the worker registers are vLLM's own."""
 
-    needs_weights: ClassVar[bool] = True
     #: ``auto``: float32 on CPU (no native bf16 on most CPUs), the model's dtype on GPU.
     dtype: str = "auto"
     #: KV block size in tokens; unset: 32 on CPU (it needs a multiple of 32), vLLM's default on GPU.
@@ -125,11 +133,6 @@ class WorkerSettings(BaseModel):
     metrics_advertise_host: str | None = None
     mocker: MockerSettings = MockerSettings()
     vllm: VllmSettings = VllmSettings()
-
-    def engine_settings(self) -> MockerSettings | VllmSettings:
-        """The settings group of the configured engine (each engine's group is named as the engine)."""
-        group: MockerSettings | VllmSettings = getattr(self, self.engine)
-        return group
 
 
 class RouterSettings(BaseModel):

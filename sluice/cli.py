@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from core.settings import FrontendSettings, RouterSettings, get_settings
+from workers.engines.registry import ENGINES
 
 DESCRIPTION = """\
 Sluice serves LLMs behind an OpenAI-compatible API, with Celery over Redis as its request plane.
@@ -118,7 +119,8 @@ def _worker(args: argparse.Namespace) -> int:
         os.environ["SLUICE_WORKER__WORKER_ID"] = args.name
         get_settings.cache_clear()
     settings = get_settings()
-    concurrency = settings.worker.concurrency or settings.worker.engine_settings().max_num_seqs
+    engine = ENGINES.get(settings.worker.engine)
+    concurrency = settings.worker.concurrency or engine.settings_of(settings).max_num_seqs
     from workers.celery_app import app, celery_global_options
 
     argv = [*celery_global_options(settings), "worker", "--pool", "threads", "-c", str(concurrency), "-l", args.log_level,
@@ -157,7 +159,7 @@ def _models_prepare(args: argparse.Namespace) -> int:
     from workers.models import UnknownModelError, prepare_model
 
     settings = get_settings()
-    weights = args.weights if args.weights is not None else settings.worker.engine_settings().needs_weights
+    weights = args.weights if args.weights is not None else ENGINES.get(settings.worker.engine).needs_weights
     try:
         path = prepare_model(args.name, settings.models_dir, weights=weights)
     except UnknownModelError as exc:
@@ -196,7 +198,7 @@ def _add_serve(sub: argparse._SubParsersAction[Any]) -> None:
 def _add_worker(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("worker", help="run one engine worker (a Celery worker hosting one engine)",
                        description="Run one Celery worker (threads pool) hosting one inference engine. The "
-                                   "engine, model and pool come from SLUICE_ENGINE (mocker or vllm), "
+                                   f"engine, model and pool come from SLUICE_ENGINE ({' or '.join(ENGINES.names())}), "
                                    "SLUICE_MODEL / SLUICE_MODEL_PATH and SLUICE_POOL; vLLM needs .venv-vllm "
                                    "(scripts/worker.sh picks the environment).")
     p.add_argument("--name", default=None,
@@ -360,7 +362,8 @@ def _add_models(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("name", nargs="?", default="smollm2", help="model name in the catalogue")
     p.add_argument("--weights", action=argparse.BooleanOptionalAction, default=None,
                    help="also convert the weights (needs torch: .venv-vllm); default: only when "
-                        "SLUICE_ENGINE is not mocker")
+                        "SLUICE_ENGINE's engine serves from weights ("
+                        + ", ".join(spec.name for spec in ENGINES if spec.needs_weights) + ")")
     p.set_defaults(func=_models_prepare)
 
 

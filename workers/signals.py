@@ -1,8 +1,9 @@
 """Worker start-up and shut-down, wired to Celery's signals.
 
 * ``celeryd_after_setup``: turn off kombu's ack emulation (see below), pick the worker id (Celery's node name unless SLUICE_WORKER__WORKER_ID
-  is set), consume the pool queue and the worker's own queue, start the engine host (loading the
-  model), then serve the worker's ``/metrics`` (workers.metrics). A worker whose engine or metrics
+  is set), consume the pool queue and the worker's own queue, build the engine (its spec refuses a
+  pool it cannot serve before anything loads: workers.engines.factory), start the engine host (loading
+  the model), then serve the worker's ``/metrics`` (workers.metrics). A worker whose engine or metrics
   endpoint cannot start exits with a clear message and never registers.
 * ``worker_ready``: the consumer is up, so register under a lease (routers may now pick us).
 * ``worker_shutting_down`` (SIGTERM: Celery's warm shutdown begins): drain. The load record says
@@ -21,6 +22,7 @@ import gc
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
 
@@ -29,6 +31,7 @@ from core.settings import get_settings
 from router.registry import WorkerIdentity
 from workers.engines.base import EngineStartError
 from workers.engines.factory import create_engine
+from workers.engines.spec import EngineConfigError
 from workers.host import EngineHost
 from workers.runtime import RUNTIME
 
@@ -59,10 +62,10 @@ def _start_engine(sender: str, instance, **_: object) -> None:
     if not (model_path / "tokenizer.json").is_file():
         _die(f"model {settings.model!r}: no tokenizer at {model_path} (run `sluice models prepare {settings.model}` "
              "or set SLUICE_MODEL_PATH)")
-    engine = create_engine(settings)
-    if settings.worker.pool.transfers_kv and not engine.supports_disaggregation:
-        _die(f"engine {settings.worker.engine!r} cannot serve the {settings.worker.pool} pool "
-             "(it does not support disaggregated prefill)")
+    try:
+        engine = create_engine(settings)  # checks the engine's spec before it builds anything
+    except EngineConfigError as exc:
+        _die(str(exc))
     host = EngineHost(settings, engine, identity)
     try:
         host.start()
@@ -102,7 +105,7 @@ def _stop(**_: object) -> None:
         gc.freeze()
 
 
-def _die(message: str) -> None:
+def _die(message: str) -> NoReturn:
     """Celery swallows exceptions raised by signal receivers: exit the process ourselves."""
     print(f"sluice worker: {message}", file=sys.stderr, flush=True)
     logging.shutdown()

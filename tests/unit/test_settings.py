@@ -69,18 +69,3 @@ def test_every_key_and_channel_is_under_the_namespace() -> None:
     assert keys.broker_prefix == "sluice:ns:celery:"
     assert keys.broker_queue_lists("q")[0] == keys.broker_queue_list("q") == "sluice:ns:celery:q"
 
-
-def test_every_engine_has_a_settings_group_and_a_builder() -> None:
-    from typing import get_args
-
-    from core.settings import EngineKind, WorkerSettings
-    from workers.engines.factory import BUILDERS
-
-    assert set(BUILDERS) == set(get_args(EngineKind))
-    for name in get_args(EngineKind):
-        worker = WorkerSettings(engine=name)
-        group = worker.engine_settings()
-        assert group is getattr(worker, name)
-        assert group.max_num_seqs >= 1 and isinstance(group.needs_weights, bool)
-    assert (WorkerSettings(engine="mocker").engine_settings().needs_weights,
-            WorkerSettings(engine="vllm").engine_settings().needs_weights) == (False, True)

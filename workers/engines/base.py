@@ -51,11 +51,12 @@ Contract (checked by tests/engines/test_conformance.py, which every engine must 
   :class:`StepStats` to ``on_step`` (set by the host before ``start``; None: nobody listens), with
   :func:`emit_step`, from the engine loop thread; the observer never blocks. Preemptions are
   reported with the step that made them.
-* Disaggregation (engines with ``supports_disaggregation``): a ``kv_export`` request holds its
-  prompt's blocks after it ends, until ``release_transfer`` or the hold's lease, and its last
-  output carries ``kv_handle``; a request with ``kv_handle`` reads the prompt's KV it does not
-  hold from the prefill worker (blocks it holds are not moved), computes only the rest, and counts
-  the tokens read in ``usage.transferred_tokens``. A read that fails falls back to computing.
+* Disaggregation (an engine whose spec, ``workers.engines.spec``, declares the pools that move KV,
+  built for such a pool): a ``kv_export`` request holds its prompt's blocks after it ends, until
+  ``release_transfer`` or the hold's lease, and its last output carries ``kv_handle``; a request
+  with ``kv_handle`` reads the prompt's KV it does not hold from the prefill worker (blocks it holds
+  are not moved), computes only the rest, and counts the tokens read in
+  ``usage.transferred_tokens``. A read that fails falls back to computing.
 * ``shutdown()`` ends every live request (each iterator ends with ``finish_reason="abort"`` or
   raises a ``SluiceError``; none is left waiting), refuses new ones, and releases the engine's
   resources.
@@ -212,10 +213,6 @@ class Engine(abc.ABC):
     #: Whether the engine reports its cache through the ``kv_sink`` (see the contract). The host
     #: registers the worker with it, and relays events and ``cached_block_hashes()`` only if True.
     publishes_kv_events: bool = True
-    #: Whether the engine can prefill for another worker and decode from another's prefill
-    #: (``EngineRequest.kv_export`` / ``kv_handle``); only such engines serve the prefill and
-    #: decode pools.
-    supports_disaggregation: bool = False
 
     @abc.abstractmethod
     async def start(self, kv_sink: KvEventSink = discard_kv_events) -> None: ...

@@ -138,8 +138,6 @@ _Delivery = tuple[_Request, int, FinishReason | None, TokenLogprob | None]
 
 
 class MockerEngine(Engine):
-    supports_disaggregation = True
-
     def __init__(self, model: str, settings: MockerSettings, context_length: int = 8192,
                  *, kv_events: bool = True, kv_hold_s: float = 30.0, script: MockerScript | None = None) -> None:
         #: False simulates an engine that reports nothing about its cache (the routers' approximate mode).

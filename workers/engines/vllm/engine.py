@@ -301,7 +301,6 @@ class VllmEngine(Engine):
         #: With a transfer setup the engine runs vLLM's NixlConnector: it serves the prefill and
         #: decode pools (workers/engines/vllm/kv_transfer.py).
         self.transfer = transfer
-        self.supports_disaggregation = transfer is not None
         #: vLLM's own counters (KV usage, prompt-token sources), recorded every step.
         self.counters = EngineCounters()
         #: Exported prefills whose blocks vLLM may still hold for a read: until the decode worker's
