@@ -21,6 +21,8 @@ from router.hashing import block_hashes, root_hash
 from tests.support.kv_events import KvEventLog
 from workers.engines.base import EngineOutput, EngineRequest, StepStats
 from workers.engines.mocker.engine import MockerEngine
+from workers.engines.mocker.request import Request
+from workers.engines.mocker.scheduler import Scheduler
 from workers.engines.mocker.timing import decode_ms, prefill_ms
 from workers.engines.mocker.tokens import expected_output
 
@@ -50,16 +52,16 @@ def prompt(n: int, salt: int = 0) -> list[int]:
     return [100 + (salt * 7919 + i * 31) % 20000 for i in range(n)]
 
 
-def spy(monkeypatch: pytest.MonkeyPatch, engine: MockerEngine, method: str) -> list[tuple]:
-    """Record the arguments of every call to one of the engine's methods."""
+def spy(monkeypatch: pytest.MonkeyPatch, target: object, method: str) -> list[tuple]:
+    """Record the arguments of every call to one of ``target``'s methods (the engine's scheduler's)."""
     calls: list[tuple] = []
-    original = getattr(engine, method)
+    original = getattr(target, method)
 
     def record(*args: object) -> object:
         calls.append(args)
         return original(*args)
 
-    monkeypatch.setattr(engine, method, record)
+    monkeypatch.setattr(target, method, record)
     return calls
 
 
@@ -84,7 +86,7 @@ async def test_info() -> None:
 async def test_preemption_under_kv_pressure_keeps_outputs_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each request needs ceil((10 + 12 - 1) / 4) = 6 blocks; 8 blocks hold one at a time.
     async with running(block_size=4, kv_blocks=8) as (engine, log):
-        preempted = spy(monkeypatch, engine, "_preempt")
+        preempted = spy(monkeypatch, engine._scheduler, "_preempt")
         sampling = SamplingParams(max_tokens=12, temperature=0.0)
         prompts = [prompt(10, salt) for salt in range(6)]
         results = await asyncio.gather(*(run(engine, f"r{i}", p, sampling) for i, p in enumerate(prompts)))
@@ -122,20 +124,20 @@ async def test_every_step_is_reported_with_its_tokens_and_time() -> None:
 
 async def test_preemptions_are_reported_with_their_step(monkeypatch: pytest.MonkeyPatch) -> None:
     preempted: list[tuple] = []
-    original = MockerEngine._preempt
+    original = Scheduler._preempt
 
-    def record(self: MockerEngine, req: object) -> None:
+    def record(self: Scheduler, req: Request) -> None:
         preempted.append((req,))
         original(self, req)
 
-    monkeypatch.setattr(MockerEngine, "_preempt", record)
+    monkeypatch.setattr(Scheduler, "_preempt", record)
     steps = await steps_of(MockerSettings(no_sleep=True, block_size=4, kv_blocks=8), requests=6)
     assert sum(s.preemptions for s in steps) == len(preempted) > 0
 
 
 async def test_chunked_prefill_and_cache_hits(monkeypatch: pytest.MonkeyPatch) -> None:
     async with running(block_size=4, max_num_batched_tokens=8) as (engine, log):
-        computed = spy(monkeypatch, engine, "_compute")
+        computed = spy(monkeypatch, engine._scheduler, "_compute")
         sampling = SamplingParams(max_tokens=5, temperature=0.0)
         prompts = [prompt(50, salt) for salt in range(3)]
         results = await asyncio.gather(*(run(engine, f"r{i}", p, sampling) for i, p in enumerate(prompts)))
@@ -270,7 +272,7 @@ async def test_a_scheduler_fault_fails_requests_and_the_engine_recovers(monkeypa
         def broken(*_: object) -> None:
             raise RuntimeError("boom")
 
-        monkeypatch.setattr(engine, "_compute", broken)
+        monkeypatch.setattr(engine._scheduler, "_compute", broken)
         with pytest.raises(UpstreamError, match="boom"):
             await run(engine, "a", prompt(8), SamplingParams(max_tokens=3))
         assert isinstance(log.events[-1], AllBlocksCleared)

@@ -1,3 +1,5 @@
-"""The simulated engine (Dynamo's mocker, in Python): ``engine`` (the scheduler loop and the requests),
+"""The simulated engine (Dynamo's mocker, in Python): ``engine`` (the Engine API: streams, validation,
+LoRA, lifecycle), ``scheduler`` (the queues, admission and the step loop), ``transfer`` (KV held for and
+read from another worker in disaggregated serving), ``request`` (a request's state, shared by the three),
 ``kv`` (its paged KV cache with prefix caching), ``timing`` (the published step-time model), ``tokens``
-(the deterministic output), ``script`` (scripted failures for tests)."""
+(the deterministic output), ``script`` (scripted outputs for tests)."""
