@@ -128,8 +128,10 @@ class Generation:
         self.plan: PrefillPlan | None = None
         #: The first attempt's prefill worker (the usage record and the headers name it).
         self.prefill_worker_id: str | None = None
-        #: The current attempt (None before ``start`` and after ``close``).
+        #: The current attempt (None before ``start``; the last one stays after ``close``, for the
+        #: response's headers).
         self.attempt: Attempt | None = None
+        self._closed = False
         #: Every token streamed so far (what a migrated attempt is given), and the workers lost.
         self._generated: list[int] = []
         #: With ``sampling.logprobs``: (token id, its logprobs) of the tokens not yet handed out.
@@ -473,13 +475,13 @@ class Generation:
 
     async def close(self) -> None:
         attempt = self.attempt
-        if attempt is None:
+        if attempt is None or self._closed:
             return
+        self._closed = True
         if not self._done:
             if self.error_type is None and self.finish_reason is None:
                 self.error_type = "cancelled"
             self._cancel_on_worker()
-        self.attempt = None
         self._wait_on(None)
         self.rt.hub.discard(attempt.wire_id)
         self._policy.release(attempt.wire_id)
