@@ -165,7 +165,7 @@ test-vllm: venv-vllm
 test-gpu:
 	python3 -m pytest -q -p no:cacheprovider -m vllm
 
-## The GPU bundle for the lent GPU machine (vLLM 0.26.0 for its torch 2.11 and what it lacks), split into
+## The GPU bundle for an offline GPU machine (vLLM 0.26.0 for its torch 2.11 and what it lacks), split into
 ## .gpu/part-*: one device call each, then scripts/device/bench.sh or test.sh (docs/gpu.md). 3-6 minutes.
 gpu-bundle:
 	./scripts/device/build_bundle.sh

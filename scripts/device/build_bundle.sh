@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make gpu-bundle: everything the lent GPU machine lacks to run Sluice on vLLM's CUDA build, as one
+# make gpu-bundle: everything an offline GPU machine lacks to run Sluice on vLLM's CUDA build, as one
 # tar.xz split into parts that each fit a device call (64 MiB at most, the working tree included).
 #
 #   scripts/device/build_bundle.sh            # -> .gpu/part-0 ... part-{N-1}, .gpu/bundle.sha256
