@@ -21,6 +21,7 @@ from core.messages import ControlCommand
 
 if TYPE_CHECKING:
     from app.requests.streams import RequestStream
+    from router.request_plan import RequestPlan
 
 
 class ControlSender(Protocol):
@@ -45,6 +46,16 @@ class Attempt:
     queued_since: float = field(default_factory=time.monotonic)
     #: No token has come yet.
     awaiting_first: bool = True
+
+    def follow(self, plan: RequestPlan) -> None:
+        """Point the attempt at the workers its plan named: the prefill worker serves the stream until
+        its first token, the decode worker after it; without one, the serving worker from the start."""
+        self.routed_to = plan.serving.worker_id
+        if plan.prefill is not None:
+            self.prefill_worker = self.stream.worker_id = plan.prefill.worker_id
+            self.stream.handoff_to = plan.serving.worker_id
+        elif self.stream.worker_id is None:
+            self.stream.worker_id = plan.serving.worker_id
 
     @property
     def serving(self) -> str | None:

@@ -61,7 +61,6 @@ from router.registry import LiveWorker
 from router.request_plan import (
     DisaggMode,
     PlanRequest,
-    RequestPlan,
     disagg_mode,
     disagg_thresholds,
     plan_route,
@@ -191,7 +190,7 @@ class Generation:
         try:
             plan = await plan_route(request, self._choose)
             self.plan = plan.disagg
-            self._follow(attempt, plan)
+            attempt.follow(plan)
             self.prefill_worker_id = attempt.prefill_worker
             for queue, parts in plan.to_push:
                 await rt.enqueuer.push(queue, parts.for_queue(queue))
@@ -207,17 +206,6 @@ class Generation:
         self.attempt = attempt
         self._wait_on(attempt.serving)
         self.pool = workers[0].record.pool
-
-    @staticmethod
-    def _follow(attempt: Attempt, plan: RequestPlan) -> None:
-        """Point the attempt at the workers its plan named: the prefill worker serves the stream until
-        its first token, the decode worker after it; without one, the serving worker from the start."""
-        attempt.routed_to = plan.serving.worker_id
-        if plan.prefill is not None:
-            attempt.prefill_worker = attempt.stream.worker_id = plan.prefill.worker_id
-            attempt.stream.handoff_to = plan.serving.worker_id
-        elif attempt.stream.worker_id is None:
-            attempt.stream.worker_id = plan.serving.worker_id
 
     async def _choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
         """The policy's decision, timed and counted in the routing metrics (with, in kv mode, the share
@@ -442,7 +430,7 @@ class Generation:
             self._done = True
             raise UpstreamError(f"worker {lost} stopped responding and the request could not be moved: {exc}",
                                 code="worker_lost") from exc
-        self._follow(attempt, plan)
+        attempt.follow(plan)
         self._wait_on(attempt.serving)
         rt.metrics.migrations.labels(spec.model).inc()
         log.warning("request %s: worker %s lost after %d tokens; continuing on %s",

@@ -6,6 +6,8 @@ from app.requests.attempt import Attempt
 from app.requests.streams import RequestStream
 from core.keys import Keys
 from core.messages import ControlCommand, TokenDelta
+from router.policies import RouteDecision
+from router.request_plan import RequestPlan
 
 
 class Sent:
@@ -21,9 +23,9 @@ class Sent:
 
 def test_a_disaggregated_attempt_is_served_by_the_prefill_worker_until_its_first_token() -> None:
     stream = RequestStream("r1", None)
-    attempt = Attempt("r1", stream, routed_to="d1", prefill_worker="p1")
-    stream.worker_id, stream.handoff_to = "p1", "d1"
-    assert attempt.serving == "p1" and attempt.server == "d1"
+    attempt = Attempt("r1", stream)
+    attempt.follow(RequestPlan(RouteDecision("d1", "q.d1"), prefill=RouteDecision("p1", "q.p1")))
+    assert attempt.serving == "p1" and attempt.server == "d1" and attempt.prefill_worker == "p1"
     stream._push(TokenDelta("r1", 0, [7], worker_id="p1"))
     assert attempt.serving == "d1" and attempt.workers() == ["p1", "d1"]
 
@@ -38,6 +40,12 @@ def test_cancels_reach_every_worker_of_the_attempt_once_and_the_prefill_worker_f
     assert sent.commands == [(keys.control_channel("p1"), ControlCommand("cancel", "r1-r1")),
                              (keys.control_channel("d1"), ControlCommand("cancel", "r1-r1")),
                              (keys.control_channel("p1"), ControlCommand("kv_release", "r1-r1"))]
+
+
+def test_an_aggregated_attempt_is_served_by_its_routed_worker_from_the_start() -> None:
+    attempt = Attempt("r3", RequestStream("r3", None))
+    attempt.follow(RequestPlan(RouteDecision("w1", "q.w1")))
+    assert attempt.serving == attempt.server == attempt.routed_to == "w1" and attempt.prefill_worker is None
 
 
 def test_a_pool_attempt_not_taken_yet_broadcasts_its_cancel_and_names_its_worker_once_taken() -> None:
