@@ -254,6 +254,48 @@ class AccountsSettings(BaseModel):
     usage_retry_backoff_max_s: int = Field(60, ge=1)
 
 
+class KvbmSettings(BaseModel):
+    """KV tiers below a worker's engine cache (workers/kvbm; docs/kvbm.md): a full block is offloaded to
+    each tier that is on, and a later prompt onboards it from the fastest tier that holds it instead of
+    recomputing it. Every tier is off by default; a tier that fails, corrupts a block or answers slower
+    than ``timeout_ms`` costs a recompute, never an error."""
+
+    #: Host memory tier: its byte budget (0: off). LRU, with a frequency filter once full: a block seen
+    #: less often than the one it would evict is not admitted, so one-off prompts do not flush hot prefixes.
+    host_bytes: int = Field(0, ge=0)
+    #: Local disk tier: a directory and its byte budget (0 or no directory: off). It outlives the worker,
+    #: so a restarted worker comes back warm.
+    disk_dir: Path | None = None
+    disk_bytes: int = Field(0, ge=0)
+    #: Shared tier: a Redis server of its own (``maxmemory`` with an eviction policy), read by every
+    #: worker of the model; None: off. Blocks are keyed by the router's block hashes.
+    redis_url: str | None = None
+    #: How long a block lives in the shared tier (and in the router's record of it) unless evicted first.
+    shared_ttl_s: float = Field(3600.0, gt=0)
+    #: A tier read slower than this is abandoned (the block is recomputed); a tier that failed is skipped
+    #: for ``down_backoff_s``.
+    timeout_ms: float = Field(200.0, gt=0)
+    down_backoff_s: float = Field(5.0, gt=0)
+    #: Blocks waiting to be offloaded; past this, offloads are dropped (counted), never waited for.
+    offload_queue_blocks: int = Field(65536, ge=1)
+    #: The mocker's simulated tiers (and every engine's prior for the router's credit until onboards are
+    #: measured): bandwidth in GB/s and a fixed latency per read, in ms.
+    host_gb_per_s: float = Field(10.0, gt=0)
+    host_latency_ms: float = Field(0.05, ge=0)
+    disk_gb_per_s: float = Field(2.0, gt=0)
+    disk_latency_ms: float = Field(0.3, ge=0)
+    shared_gb_per_s: float = Field(1.0, gt=0)
+    shared_latency_ms: float = Field(1.0, ge=0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.host_bytes > 0 or self.disk_on or self.redis_url is not None
+
+    @property
+    def disk_on(self) -> bool:
+        return self.disk_dir is not None and self.disk_bytes > 0
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SLUICE_", env_nested_delimiter="__", extra="ignore", populate_by_name=True
@@ -272,6 +314,7 @@ class Settings(BaseSettings):
     #: How every process logs (core.logs): ``text`` lines, or one JSON object per line.
     log_format: Literal["text", "json"] = "text"
     accounts: AccountsSettings = AccountsSettings()
+    kvbm: KvbmSettings = KvbmSettings()
 
     # Flat aliases for the options people set most; they override the nested form, and are validated
     # as it is (``model_post_init`` copies them without validation).
