@@ -188,16 +188,22 @@ def decode_control(data: bytes) -> ControlCommand:
 # hashes (router.hashing). Batches carry a per-worker, strictly increasing event id.
 
 
-class BlockStored(msgspec.Struct, frozen=True, tag="stored"):
-    """Full blocks entered the prefix cache; ``block_hashes`` in chain order, the first one's
-    parent is ``parent_hash`` (None at the root of a chain)."""
+#: Where a block is held: the engine's own cache, or a KV tier below it (workers.kvbm).
+KvTier = Literal["device", "host", "disk", "shared"]
+
+
+class BlockStored(msgspec.Struct, frozen=True, tag="stored", omit_defaults=True):
+    """Full blocks entered the prefix cache (or the tier ``tier``); ``block_hashes`` in chain order, the
+    first one's parent is ``parent_hash`` (None at the root of a chain)."""
 
     block_hashes: list[int]
     parent_hash: int | None = None
+    tier: KvTier = "device"
 
 
-class BlockRemoved(msgspec.Struct, frozen=True, tag="removed"):
+class BlockRemoved(msgspec.Struct, frozen=True, tag="removed", omit_defaults=True):
     block_hashes: list[int]
+    tier: KvTier = "device"
 
 
 class AllBlocksCleared(msgspec.Struct, frozen=True, tag="cleared"):

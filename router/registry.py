@@ -94,6 +94,8 @@ class WorkerLoad:
     timing: str = ""
     #: KV blocks holding cached content (in use or evictable): what is left of ``total_blocks`` is free.
     cached_blocks: int = 0
+    #: What a block in each KV tier is worth against a device block, ``host=0.7,disk=0.2`` (workers.kvbm.credit).
+    tier_credit: str = ""
 
     def has_lora(self, name: str) -> bool:
         return name in self.loras.split(",")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 
-from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvTier
 
 
 class KvEventLog:
@@ -28,17 +28,18 @@ class KvEventLog:
         with self._lock:
             return [list(b) for b in self._batches]
 
-    def replay(self) -> set[int]:
-        """The cached block hashes a router following these events would hold."""
+    def replay(self, tier: KvTier = "device") -> set[int]:
+        """The block hashes a router following these events would hold in ``tier`` (the engine's cache
+        by default; AllBlocksCleared concerns the cache alone)."""
         held: set[int] = set()
         with self._lock:
             events = list(self.events)
         for ev in events:
-            if isinstance(ev, BlockStored):
+            if isinstance(ev, BlockStored) and ev.tier == tier:
                 held.update(ev.block_hashes)
-            elif isinstance(ev, BlockRemoved):
+            elif isinstance(ev, BlockRemoved) and ev.tier == tier:
                 held.difference_update(ev.block_hashes)
-            elif isinstance(ev, AllBlocksCleared):
+            elif isinstance(ev, AllBlocksCleared) and tier == "device":
                 held.clear()
         return held
 
@@ -57,7 +58,9 @@ class PrefixClosureChecker:
     Counts what it saw (``stored``, ``removed``, ``batches_checked``) so a test can assert its
     workload really stored shared prefixes and evicted blocks."""
 
-    def __init__(self) -> None:
+    def __init__(self, tier: KvTier = "device") -> None:
+        #: The tier whose events are checked (the others' are skipped).
+        self.tier = tier
         #: held block -> its parent (None: a root).
         self.held: dict[int, int | None] = {}
         self.stored = 0
@@ -68,6 +71,8 @@ class PrefixClosureChecker:
     def apply(self, batch: Iterable[KvEvent]) -> None:
         """Apply one batch, then check; raises :class:`PrefixClosureViolation` naming the orphans."""
         for event in batch:
+            if isinstance(event, BlockStored | BlockRemoved) and event.tier != self.tier:
+                continue
             if isinstance(event, BlockStored):
                 parent = event.parent_hash
                 for h in event.block_hashes:
@@ -78,7 +83,7 @@ class PrefixClosureChecker:
                 for h in event.block_hashes:
                     self.held.pop(h, None)
                 self.removed += len(event.block_hashes)
-            elif isinstance(event, AllBlocksCleared):
+            elif isinstance(event, AllBlocksCleared) and self.tier == "device":
                 self.held.clear()
                 self.cleared += 1
         self.batches_checked += 1

@@ -235,6 +235,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
 
+    def tier_block_hashes(self) -> dict[str, list[int]]:
+        """What each of the worker's own KV tiers holds (workers.kvbm), for a resync of the prefix index;
+        {} for an engine without tiers."""
+        return {}
+
     def cached_block_count(self) -> int:
         """How many blocks hold cached content (what :meth:`cached_block_hashes` lists, counted)."""
         return len(self.cached_block_hashes())

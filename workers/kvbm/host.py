@@ -53,6 +53,14 @@ class HostTier:
                 self._count(block_hash)
             return frame
 
+    def touch(self, block_hashes: list[int]) -> None:
+        """Blocks a request used from the engine's own cache: a use for the filter and the LRU order."""
+        with self._lock:
+            for h in block_hashes:
+                self._count(h)
+                if h in self._frames:
+                    self._frames.move_to_end(h)
+
     def put(self, block_hash: int, frame: bytes) -> tuple[bool, list[int]]:
         """Offer a frame; returns whether it was taken and the blocks evicted to make room."""
         with self._lock:

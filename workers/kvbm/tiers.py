@@ -183,6 +183,11 @@ class KvTiers:
         self._event(tier, False, [h for h in evicted if h not in new])
         self._event(tier, True, [h for h in stored if h not in gone])
 
+    def touch(self, block_hashes: Sequence[int]) -> None:
+        """A request reused these blocks from the engine's cache: they are hot (the host tier's filter)."""
+        if self.host is not None and block_hashes:
+            self.host.touch(list(block_hashes))
+
     # ---- onboard ----------------------------------------------------------------------------------
     def lookup(self, block_hashes: Sequence[int]) -> int:
         """How many leading blocks of a chain some tier holds (the shared tier asked in one bounded

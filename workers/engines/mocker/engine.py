@@ -52,6 +52,7 @@ from workers.engines.base import (
 from workers.engines.mocker.request import Delivery, Request, RequestState
 from workers.engines.mocker.scheduler import Scheduler
 from workers.engines.mocker.script import MockerScript
+from workers.engines.mocker.tiers import MockerTiers
 from workers.engines.mocker.tokens import FIRST_TOKEN_ID, prompt_logprobs, stream_key
 from workers.engines.mocker.transfer import KvTransfer
 
@@ -60,7 +61,8 @@ log = logging.getLogger(__name__)
 
 class MockerEngine(Engine):
     def __init__(self, model: str, settings: MockerSettings, context_length: int = 8192,
-                 *, kv_events: bool = True, kv_hold_s: float = 30.0, script: MockerScript | None = None) -> None:
+                 *, kv_events: bool = True, kv_hold_s: float = 30.0, script: MockerScript | None = None,
+                 tiers: MockerTiers | None = None) -> None:
         #: False simulates an engine that reports nothing about its cache (the routers' approximate mode).
         self.publishes_kv_events = kv_events
         self.model = model
@@ -79,6 +81,9 @@ class MockerEngine(Engine):
         #: LoRA adapters loaded: name to directory.
         self._loras: dict[str, str] = {}
         self._sink: KvEventSink = discard_kv_events
+        #: KV tiers below the cache (workers.engines.mocker.tiers), and the requests reading from them.
+        self.tiers = tiers
+        self._onboarding: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -110,6 +115,9 @@ class MockerEngine(Engine):
             features=frozenset({LORA}), max_batched_tokens=s.max_num_batched_tokens,
         )
         self._sink = kv_sink if self.publishes_kv_events else discard_kv_events
+        if self.tiers is not None:
+            self._sink = self.tiers.wrap(self._sink)
+            self.tiers.start()
         self._task = asyncio.get_running_loop().create_task(
             self._scheduler.run(self._sink, self._step_done, self._fail_all), name="mocker-scheduler")
         self._task.add_done_callback(self._on_scheduler_exit)
@@ -147,8 +155,9 @@ class MockerEngine(Engine):
     def load(self) -> WorkerLoad:
         s = self._scheduler
         return WorkerLoad(
-            running=len(s.running), waiting=len(s.waiting),
+            running=len(s.running), waiting=len(s.waiting) + len(self._onboarding),
             active_blocks=s.kv.active_blocks, total_blocks=s.kv.num_blocks,
+            tier_credit=self.tiers.credits() if self.tiers is not None else "",
         )
 
     async def clear_kv_cache(self) -> None:
@@ -161,6 +170,9 @@ class MockerEngine(Engine):
 
     def cached_block_count(self) -> int:
         return self._scheduler.kv.cached_count
+
+    def tier_block_hashes(self) -> dict[str, list[int]]:
+        return self.tiers.store.snapshot() if self.tiers is not None else {}
 
     async def release_transfer(self, request_id: str) -> None:
         self._transfer.release(request_id)
@@ -175,6 +187,8 @@ class MockerEngine(Engine):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.tiers is not None:
+            await self.tiers.close()
 
     async def load_lora(self, name: str, path: str) -> None:
         """An adapter is simulated: its directory must hold a PEFT ``adapter_config.json``, and its
@@ -248,8 +262,36 @@ class MockerEngine(Engine):
         )
         self._live[req.request_id] = req
         if not self._transfer.start_pull(req, request.kv_handle):
-            self._scheduler.add(req)
+            self._admit_after_onboard(req)
         return req
+
+    def _admit_after_onboard(self, req: Request) -> None:
+        """Queue ``req``; first, if a tier may hold blocks past the cache's hit, read them (the request
+        waits their simulated time off the scheduler, which goes on stepping the others)."""
+        bs = self.settings.block_size
+        hit = self._scheduler.kv.cached_prefix(req.chain)
+        rest = req.chain[hit:(len(req.tokens) - 1) // bs]
+        if self.tiers is not None:
+            self.tiers.store.touch(req.chain[:hit])
+        if self.tiers is None or not self.tiers.might_hold(rest):
+            self._scheduler.add(req)
+            return
+        tiers = self.tiers
+
+        async def onboard() -> None:
+            try:
+                blocks = await tiers.onboard(rest)
+            except Exception:  # noqa: BLE001 - a failed read is a recompute, never an error to the client
+                log.exception("mocker KV onboard failed; recomputing")
+                blocks = 0
+            self._onboarding.pop(req.request_id, None)
+            if req.closed:  # failed with the scheduler meanwhile
+                return
+            if blocks:
+                req.remote_tokens, req.pulled, req.onboarded = (hit + blocks) * bs, True, True
+            self._scheduler.add(req)
+
+        self._onboarding[req.request_id] = asyncio.get_running_loop().create_task(onboard(), name="mocker-onboard")
 
     def _root(self, lora: str | None) -> int:
         """The block-hash chain's seed for an adapter (router.hashing.root_hash), computed once."""
@@ -270,7 +312,10 @@ class MockerEngine(Engine):
 
     def _drop(self, req: Request) -> None:
         """Take a request out of the scheduler, or stop its KV read, releasing its blocks."""
-        if not self._transfer.cancel_pull(req):
+        reading = self._onboarding.pop(req.request_id, None)
+        if reading is not None:
+            reading.cancel()
+        elif not self._transfer.cancel_pull(req):
             self._scheduler.drop(req)
         req.state = RequestState.DONE
 

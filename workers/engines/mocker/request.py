@@ -57,6 +57,7 @@ class Request:
     export: bool = False  # a prefill for a decode worker: hold the blocks at the end
     remote_tokens: int = 0  # prompt tokens whose KV is read from the prefill worker
     pulled: bool = False  # the read is done (the simulated transfer time has passed)
+    onboarded: bool = False  # ``remote_tokens`` came from this worker's KV tiers, not a prefill worker
     script: tuple[int, ...] | None = None  # a scripted output (workers.engines.mocker.script)
     prompt_logprobs: list[TokenLogprob | None] | None = None  # handed out with the first output
     transferred_tokens: int = 0

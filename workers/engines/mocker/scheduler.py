@@ -198,13 +198,14 @@ class Scheduler:
             self.kv.acquire(reused)
             self.kv.allocate(need)
             req.num_computed, req.uncached, req.state = hit * bs, need, RequestState.RUNNING
-            if computed > hit * bs:  # the blocks read from the prefill worker enter the cache here
+            if computed > hit * bs:  # the blocks read (from a prefill worker or a tier) enter the cache here
                 self._register_full_blocks(req, hit, computed // bs)
                 req.num_computed = computed
-                if req.cached_tokens is None:
+                if req.cached_tokens is None and not req.onboarded:
                     req.transferred_tokens = computed - hit * bs
             if req.cached_tokens is None:
-                req.cached_tokens = hit * bs
+                # Onboarded tokens count as cached, as vLLM counts a connector's external hits.
+                req.cached_tokens = computed if req.onboarded else hit * bs
             self.running[req.request_id] = req
             budget -= chunk
             batch.append((req, chunk))

@@ -1,0 +1,35 @@
+"""What a tier's block is worth to the router: the share of its prefill time an onboard saves. Pure.
+
+``credit = 1 - onboard_s_per_block / prefill_s_per_block``, clamped to [0, 1]: a tier that reads a block in
+a tenth of the time computing it takes is credited 0.9 of a device block; one slower than recomputing is
+credited nothing. Workers publish the credits with their load (``WorkerLoad.tier_credit``) and the routing
+script weighs each tier's share of a prompt's overlap by them (docs/routing.md, "KV tiers").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from core.settings import KvbmSettings
+
+#: Blocks an onboard is taken to read at once when a tier's fixed latency is spread over blocks.
+TYPICAL_RUN_BLOCKS = 16
+
+
+def configured_onboard_s(settings: KvbmSettings, tier: str, block_bytes: int) -> float:
+    """Seconds per block a tier's configured bandwidth and latency give (the mocker's simulated time, and
+    every engine's prior until it has measured onboards)."""
+    gb_per_s = getattr(settings, f"{tier}_gb_per_s")
+    latency_ms = getattr(settings, f"{tier}_latency_ms")
+    return block_bytes / (gb_per_s * 1e9) + latency_ms / 1000.0 / TYPICAL_RUN_BLOCKS
+
+
+def tier_credits(onboard_s_per_block: Mapping[str, float], prefill_s_per_block: float) -> dict[str, float]:
+    if prefill_s_per_block <= 0:
+        return {tier: 0.0 for tier in onboard_s_per_block}
+    return {tier: min(1.0, max(0.0, 1.0 - s / prefill_s_per_block)) for tier, s in onboard_s_per_block.items()}
+
+
+def format_credits(credits: Mapping[str, float]) -> str:
+    """``host=0.70,disk=0.12``: the form ``WorkerLoad.tier_credit`` carries."""
+    return ",".join(f"{tier}={credit:.3f}" for tier, credit in credits.items())
