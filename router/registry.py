@@ -96,6 +96,8 @@ class WorkerLoad:
     cached_blocks: int = 0
     #: What a block in each KV tier is worth against a device block, ``host=0.7,disk=0.2`` (workers.kvbm.credit).
     tier_credit: str = ""
+    #: Blocks each of the worker's own KV tiers holds, ``host=120,disk=3000`` (``sluice status``).
+    tier_blocks: str = ""
 
     def has_lora(self, name: str) -> bool:
         return name in self.loras.split(",")

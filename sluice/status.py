@@ -55,7 +55,25 @@ def worker_json(w: LiveWorker, snap: ClusterSnapshot) -> dict[str, Any]:
         "kv_resyncs": load.kv_resyncs, "heartbeat_age_s": _age(snap.taken_at, load.updated_at),
         "lease_expires_in_s": round(w.lease_expires_at - snap.taken_at, 3),
         "uptime_s": _age(snap.taken_at, r.started_at),
+        "kv_tiers": parse_pairs(load.tier_blocks, int), "kv_tier_credit": parse_pairs(load.tier_credit, float),
     }
+
+
+def parse_pairs(text: str, kind: Callable[[str], Any]) -> dict[str, Any]:
+    """``host=120,disk=3000`` as a dict (the load record's tier fields; a malformed pair is skipped)."""
+    out: dict[str, Any] = {}
+    for pair in filter(None, text.split(",")):
+        name, _, value = pair.partition("=")
+        try:
+            out[name] = kind(value)
+        except ValueError:
+            continue
+    return out
+
+
+def fmt_tiers(tiers: dict[str, int]) -> str:
+    """``host 120 · disk 3000``: what each KV tier of a worker holds, in blocks."""
+    return " · ".join(f"{tier} {blocks}" for tier, blocks in tiers.items()) or "-"
 
 
 def model_json(model: str, snap: ClusterSnapshot) -> dict[str, Any]:
@@ -143,8 +161,9 @@ def render(status: dict[str, Any], wide: bool = False) -> RenderableType:
     if status["workers"]:
         several_models = len(status["models"]) > 1
         numbers = ["run", "wait", "KV used/cached", "index", "queued", "tok/s", "beat"]
+        tiered = any(w["kv_tiers"] for w in status["workers"])
         workers = _table("Workers", ["worker", *(["model"] if several_models else []), "pool", "state", *numbers,
-                                     *(["metrics"] if wide else [])], set(numbers))
+                                     *(["KV tiers"] if tiered else []), *(["metrics"] if wide else [])], set(numbers))
         for w in status["workers"]:
             state = Text(w["state"], style="green" if w["state"] == "live" else "yellow")
             workers.add_row(w["worker_id"], *([w["model"]] if several_models else []), w["pool"], state,
@@ -152,7 +171,7 @@ def render(status: dict[str, Any], wide: bool = False) -> RenderableType:
                             fmt_kv(w["kv_blocks_used"], w["kv_blocks_cached"], w["kv_blocks_total"]),
                             str(w["index_blocks"]),
                             str(w["queue_messages"]), f"{w['tokens_per_s']:.1f}", fmt_seconds(w["heartbeat_age_s"]),
-                            *([w["metrics_url"] or "-"] if wide else []))
+                            *([fmt_tiers(w["kv_tiers"])] if tiered else []), *([w["metrics_url"] or "-"] if wide else []))
         parts.append(workers)
 
     frontends = _table("Frontends", ["frontend", "url", "routing", "in flight", "beat", "up"],

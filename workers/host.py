@@ -39,6 +39,7 @@ from router.registry import Registry, WorkerIdentity, WorkerLoad, WorkerRecord
 from workers.control import ControlChannel
 from workers.engines.base import Engine, EngineKvEvent, StepStats
 from workers.kv_relay import KvRelay
+from workers.kvbm.credit import measured_credit, tier_blocks
 from workers.metrics import MetricsEndpoint, TokenRate, WorkerMetrics
 from workers.publisher import DeltaPublisher
 from workers.request_runner import RequestRunner
@@ -70,6 +71,7 @@ class EngineHost:
         self._token_rate = TokenRate()
         #: The worker's own step-time model, fitted from its steps and published with its load.
         self.timing = TimingFit()
+        self.metrics.watch_tiers(self.engine.kv_tiers)
 
     # ---- lifecycle (called from the Celery main thread) -------------------------------------
     def serve_metrics(self) -> str:
@@ -172,6 +174,10 @@ class EngineHost:
         model = self.timing.model()
         if model is not None:
             load = replace(load, timing=model.encode())
+        tiers = self.engine.kv_tiers()
+        if tiers is not None:
+            load = replace(load, tier_blocks=tier_blocks(tiers),
+                           tier_credit=load.tier_credit or measured_credit(tiers, model, self.engine.info.block_size))
         self.metrics.observe_load(load)
         return load
 

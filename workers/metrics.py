@@ -20,6 +20,7 @@ Everything is recorded on the engine loop thread; the HTTP thread only reads.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -29,6 +30,8 @@ from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, 
 from core.settings import WorkerSettings
 from router.registry import WorkerLoad
 from workers.engines.base import StepStats
+from workers.kvbm.metrics import TierCollector
+from workers.kvbm.tiers import KvTiers
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,10 @@ class WorkerMetrics:
             self.step_duration.labels(phase)
         for kind in _EVENT_KINDS.values():
             self.kv_events.labels(kind)
+
+    def watch_tiers(self, tiers: Callable[[], KvTiers | None]) -> None:
+        """Export the engine's KV tiers' metrics (read at each scrape; nothing when it has none)."""
+        self.registry.register(TierCollector(tiers))
 
     # ---- recording (engine loop thread) -----------------------------------------------------------
     def observe_load(self, load: WorkerLoad) -> None:

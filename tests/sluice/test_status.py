@@ -48,7 +48,8 @@ def test_the_json_form_lists_models_pools_workers_and_frontends() -> None:
         "worker_id": "w1", "model": "m", "pool": "agg", "engine": "mocker", "state": "live",
         "metrics_url": "http://127.0.0.1:912/metrics", "queue": "q.w1", "slot": 0, "running": 3, "waiting": 1,
         "kv_blocks_used": 250, "kv_blocks_cached": 300, "kv_blocks_total": 1000, "kv_usage": 0.25, "index_blocks": 120, "queue_messages": 2,
-        "tokens_per_s": 41.26, "kv_resyncs": 0, "heartbeat_age_s": 0.5, "lease_expires_in_s": 2.5, "uptime_s": 120.0}
+        "tokens_per_s": 41.26, "kv_resyncs": 0, "heartbeat_age_s": 0.5, "lease_expires_in_s": 2.5, "uptime_s": 120.0,
+        "kv_tiers": {}, "kv_tier_credit": {}}
     assert [w["state"] for w in status["workers"]] == ["live", "draining", "live"]
     assert status["frontends"] == [{"frontend_id": "f1", "url": "http://fe:8000", "metrics_url": "http://fe:8000/metrics",
                                     "router_mode": "kv", "in_flight": 4, "heartbeat_age_s": 0.2,
@@ -122,3 +123,15 @@ def test_watch_takes_an_optional_positive_interval() -> None:
     with pytest.raises(SystemExit):
         parser.parse_args(["status", "--watch", "0"])
     assert parser.parse_args(["prometheus-targets", "--watch"]).watch == 15.0
+
+
+def test_a_worker_with_kv_tiers_shows_what_each_holds_and_its_credits() -> None:
+    snap = dataclasses.replace(snapshot(), workers=[
+        worker("t1", tier_blocks="host=120,disk=3000", tier_credit="host=0.700,disk=0.100"), worker("t2")])
+    status = status_json(snap)
+    t1, t2 = status["workers"]
+    assert t1["kv_tiers"] == {"host": 120, "disk": 3000} and t1["kv_tier_credit"] == {"host": 0.7, "disk": 0.1}
+    assert t2["kv_tiers"] == {} and t2["kv_tier_credit"] == {}
+    text = screen(status, 140)
+    assert "KV tiers" in text and "host 120 · disk 3000" in text
+    assert "KV tiers" not in screen(status_json(snapshot()), 140)  # no column where no worker has tiers

@@ -190,3 +190,30 @@ def test_a_full_offload_queue_drops_blocks_and_never_waits() -> None:
         assert tiers.stats.offloads_dropped + taken == 200  # every block either written or counted as dropped
     finally:
         tiers.close()
+
+
+def test_the_worker_exports_each_tiers_metrics(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+
+    from workers.metrics import WorkerMetrics
+
+    tiers = KvTiers(_settings(host_bytes=8 * FRAME, disk_dir=str(tmp_path), disk_bytes=8 * FRAME), scope="m",
+                    block_bytes=BLOCK)
+    metrics = WorkerMetrics()
+    current: list[KvTiers | None] = [None]
+    metrics.watch_tiers(lambda: current[0])
+    assert b"kv_tier" not in generate_latest(metrics.registry)  # an engine without tiers exports none
+    current[0] = tiers
+    try:
+        tiers.offload([(h, payload(h)) for h in (1, 2)])
+        assert tiers.flush()
+        tiers.onboard([1, 2, 3])
+        text = generate_latest(metrics.registry).decode()
+        assert 'sluice_worker_kv_tier_blocks{tier="host"} 2.0' in text
+        assert 'sluice_worker_kv_tier_blocks{tier="disk"} 2.0' in text
+        assert f'sluice_worker_kv_tier_bytes{{tier="disk"}} {2.0 * FRAME}' in text
+        assert 'sluice_worker_kv_tier_hits_total{tier="host"} 2.0' in text
+        assert 'sluice_worker_kv_tier_onboard_seconds_count{tier="host"} 1.0' in text
+        assert 'sluice_worker_kv_tier_recomputes_total{reason="corrupt"} 0.0' in text
+    finally:
+        tiers.close()

@@ -68,11 +68,14 @@ import abc
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from core.errors import InvalidRequest
 from core.messages import FinishReason, KvEvent, SamplingParams, TokenLogprob, Usage
 from router.registry import WorkerLoad
+
+if TYPE_CHECKING:
+    from workers.kvbm.tiers import KvTiers
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +237,11 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
+
+    def kv_tiers(self) -> KvTiers | None:
+        """The engine's KV tiers (workers.kvbm) when it has them in this process: the worker's metrics and
+        load read them."""
+        return None
 
     def tier_block_hashes(self) -> dict[str, list[int]]:
         """What each of the worker's own KV tiers holds (workers.kvbm), for a resync of the prefix index;

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from core.settings import KvbmSettings
+from core.timing import TimingModel
+from workers.kvbm.tiers import KvTiers
 
 #: Blocks an onboard is taken to read at once when a tier's fixed latency is spread over blocks.
 TYPICAL_RUN_BLOCKS = 16
@@ -33,3 +35,26 @@ def tier_credits(onboard_s_per_block: Mapping[str, float], prefill_s_per_block: 
 def format_credits(credits: Mapping[str, float]) -> str:
     """``host=0.70,disk=0.12``: the form ``WorkerLoad.tier_credit`` carries."""
     return ",".join(f"{tier}={credit:.3f}" for tier, credit in credits.items())
+
+
+def measured_credit(tiers: KvTiers, timing: TimingModel | None, block_size: int, *,
+                    batch_tokens: int = 2048) -> str:
+    """The credits of an engine's tiers from what they measured (onboard seconds per block read; the
+    configured prior for a tier not read yet) against the prefill time per block of the worker's fitted
+    step-time model at ``batch_tokens`` (its average, so a step's fixed cost is spread); "" until the
+    worker has a model."""
+    if timing is None:
+        return ""
+    prefill_s_per_block = timing.prefill_ms(batch_tokens) / batch_tokens * block_size / 1000.0
+    onboard: dict[str, float] = {}
+    for tier in tiers.names:
+        blocks = tiers.stats.hits[tier]
+        seconds = tiers.stats.onboard_seconds.get(tier)
+        onboard[tier] = (seconds[1] / blocks if seconds and blocks
+                         else configured_onboard_s(tiers.settings, tier, tiers.block_bytes))
+    return format_credits(tier_credits(onboard, prefill_s_per_block))
+
+
+def tier_blocks(tiers: KvTiers) -> str:
+    """``host=120,disk=3000``: what ``WorkerLoad.tier_blocks`` carries (the worker's own tiers)."""
+    return ",".join(f"{tier}={blocks}" for tier, (blocks, _bytes) in tiers.held().items())

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 #: Why a block a tier was expected to give was recomputed instead.
-RecomputeReason = str  # "miss" | "corrupt" | "timeout" | "down"
+RecomputeReason = str  # "corrupt" | "timeout" | "down"
 #: Upper bounds (seconds) of the onboard latency histogram.
 ONBOARD_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
