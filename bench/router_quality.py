@@ -78,13 +78,15 @@ from bench.virtual_clock import VirtualClockConnection, VirtualClockLoop
 from core.keys import Keys
 from core.messages import SamplingParams
 from core.pools import Pool
-from core.settings import MockerSettings, RouterSettings
+from core.settings import KvbmSettings, MockerSettings, RouterSettings
 from router.kv_policy import KvPolicy
 from router.policies import LeastLoadedPolicy, Policy, RandomPolicy, RoundRobinPolicy, RouteRequest
 from router.registry import LiveWorker, Registry, WorkerLoad, WorkerRecord
 from workers.engines.base import EngineRequest
 from workers.engines.mocker.engine import MockerEngine
+from workers.engines.mocker.tiers import MockerTiers
 from workers.kv_relay import KvRelay
+from workers.kvbm.tiers import KvTiers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "bench-model"
@@ -107,13 +109,27 @@ class Sample:
     cached_tokens: int
     worker: str
     stayed: bool | None  # a follow-up turn: served where the previous turn was; None for a first turn
+    output_tokens: int = 0
+    turn: int = 0
+
+
+@dataclass(frozen=True)
+class TierSetup:
+    """KV tiers under every mocker of a run (bench.kvbm_bench): each worker's settings are ``kvbm`` with
+    its own disk directory under ``kvbm.disk_dir``; ``credit``: the workers publish their tiers' credits,
+    so the router's cost counts tiers (False: it weighs device blocks only)."""
+
+    kvbm: KvbmSettings
+    credit: bool = True
 
 
 class Cluster:
     """W mocker engines on this loop, registered in Redis; with ``kv`` their KV events feed the index."""
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, n: int, mocker: MockerSettings, kv_events: bool) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, n: int, mocker: MockerSettings, kv_events: bool,
+                 tiers: TierSetup | None = None) -> None:
         self.client, self.keys, self.n, self.mocker, self.kv_events = client, keys, n, mocker, kv_events
+        self.tiers = tiers
         self.engines: dict[str, MockerEngine] = {}
         self.relays: dict[str, KvRelay] = {}
         self.records: dict[str, WorkerRecord] = {}
@@ -124,7 +140,7 @@ class Cluster:
         registry = Registry(self.client, self.keys)
         for i in range(self.n):
             wid = f"w{i:02d}"
-            engine = MockerEngine(MODEL, self.mocker, context_length=32_768)
+            engine = MockerEngine(MODEL, self.mocker, context_length=32_768, tiers=self._tiers_of(wid))
             relay = KvRelay(self.client, self.keys, wid, MODEL)
             await engine.start(relay.push if self.kv_events else _discard)
             record = WorkerRecord(worker_id=wid, model=MODEL, model_path="", pool=Pool.AGG, queue=f"q.{wid}",
@@ -138,14 +154,26 @@ class Cluster:
         self.refresh()
         self._task = asyncio.get_running_loop().create_task(self._heartbeats())
 
+    def _tiers_of(self, wid: str) -> MockerTiers | None:
+        if self.tiers is None:
+            return None
+        kvbm = self.tiers.kvbm
+        if kvbm.disk_dir is not None:
+            kvbm = kvbm.model_copy(update={"disk_dir": kvbm.disk_dir / wid})
+        store = KvTiers(kvbm, scope=f"{MODEL}-{self.mocker.block_size}", block_bytes=self.mocker.kv_bytes_per_block,
+                        inline=True)
+        return MockerTiers(store, self.mocker, kvbm)
+
     def refresh(self) -> None:
         """The registry snapshot the frontend would see. Its wall-clock stamps are informational: no
         policy reads them."""
         out = []
         for wid, engine in self.engines.items():
             load = engine.load()
+            credit = load.tier_credit if self.tiers is not None and self.tiers.credit else ""
             out.append(LiveWorker(self.records[wid], WorkerLoad(load.running, load.waiting, load.active_blocks,
-                                                                load.total_blocks, time.time()), time.time() + 3600))
+                                                                load.total_blocks, time.time(), tier_credit=credit),
+                                  time.time() + 3600))
         self.snapshot = out
 
     async def _heartbeats(self) -> None:
@@ -187,11 +215,12 @@ def engine_reply(turn: Turn, k: int, answered: list[int]) -> list[int]:
 
 
 async def run_policy(redis_url: str, policy_name: str, workload: Workload, n_workers: int, mocker: MockerSettings,
-                     seed: int, router: RouterSettings, reply: Reply = engine_reply) -> dict:
+                     seed: int, router: RouterSettings, reply: Reply = engine_reply,
+                     tiers: TierSetup | None = None) -> dict:
     """Replay ``workload`` through one policy on W fresh mockers; must run on a :class:`VirtualClockLoop`
     (see :func:`simulate`). Owns the database at ``redis_url``: flushes it before and after. ``reply``:
     what each answer adds to the history (bench.dynamo_compare replays its trace's canned replies, as
-    its real-time client does)."""
+    its real-time client does). ``tiers``: KV tiers under the mockers (bench.kvbm_bench)."""
     loop = asyncio.get_running_loop()
     if not isinstance(loop, VirtualClockLoop):
         raise TypeError("run_policy measures virtual time: run it on a VirtualClockLoop (bench.router_quality.simulate)")
@@ -201,7 +230,7 @@ async def run_policy(redis_url: str, policy_name: str, workload: Workload, n_wor
     client = aioredis.from_url(redis_url, connection_class=VirtualClockConnection)
     keys = Keys("quality")
     await client.flushdb()
-    cluster = Cluster(client, keys, n_workers, mocker, kv_events=policy_name == "kv")
+    cluster = Cluster(client, keys, n_workers, mocker, kv_events=policy_name == "kv", tiers=tiers)
     await cluster.start()
     policy = POLICIES[policy_name](client, keys, router, random.Random(seed), cluster)
     samples: list[Sample] = []
@@ -241,7 +270,7 @@ async def run_policy(redis_url: str, policy_name: str, workload: Workload, n_wor
             virtual_ms = (first - decided) * 1000
             wid = decision.worker_id or ""
             samples.append(Sample(rid, decided_ms + virtual_ms, virtual_ms, len(history), cached, wid,
-                                  None if previous is None else previous == wid))
+                                  None if previous is None else previous == wid, len(out_tokens), k))
             previous = wid
             history.extend(reply(turn, k, out_tokens))
 
@@ -249,11 +278,14 @@ async def run_policy(redis_url: str, policy_name: str, workload: Workload, n_wor
     model_s = loop.time()
     if isinstance(policy, KvPolicy):
         await policy.aclose()
+    tier_hits = {t: sum(e.tiers.store.stats.hits[t] for e in cluster.engines.values() if e.tiers is not None)
+                 for t in ("host", "disk", "shared")}
     await cluster.stop()
     await client.flushdb()
     await client.aclose()
     return _summary(policy_name, workload, n_workers, seed, samples, decide_ms) | {
-        "model_s": model_s, "wall_s": time.perf_counter() - t0}
+        "model_s": model_s, "wall_s": time.perf_counter() - t0, "tier_hit_blocks": tier_hits,
+        "output_tokens_per_model_s": sum(s.output_tokens for s in samples) / model_s if model_s else 0.0}
 
 
 def _summary(policy_name: str, workload: Workload, n_workers: int, seed: int, samples: list[Sample],
@@ -267,6 +299,7 @@ def _summary(policy_name: str, workload: Workload, n_workers: int, seed: int, sa
         "requests": len(samples),
         "hit_ratio": sum(s.cached_tokens for s in samples) / max(1, sum(s.prompt_tokens for s in samples)),
         "ttft_mean_ms": float(np.mean(ttft)), "ttft_p50_ms": pct(ttft, 50), "ttft_p90_ms": pct(ttft, 90),
+        "ttft_return_mean_ms": float(np.mean([s.ttft_ms for s in samples if s.turn > 0] or [0.0])),
         "ttft_virtual_mean_ms": float(np.mean(virtual)), "ttft_virtual_p50_ms": pct(virtual, 50),
         "ttft_virtual_p90_ms": pct(virtual, 90),
         "prompt_tokens_mean": float(np.mean([s.prompt_tokens for s in samples])),
@@ -284,10 +317,10 @@ def _digest(samples: list[Sample]) -> str:
 
 
 def simulate(redis_url: str, policy_name: str, workload: Workload, n_workers: int, mocker: MockerSettings,
-             seed: int, router: RouterSettings, reply: Reply = engine_reply) -> dict:
+             seed: int, router: RouterSettings, reply: Reply = engine_reply, tiers: TierSetup | None = None) -> dict:
     """:func:`run_policy` on a fresh virtual-clock loop (its clock starts at 0 for every run)."""
     with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
-        return runner.run(run_policy(redis_url, policy_name, workload, n_workers, mocker, seed, router, reply))
+        return runner.run(run_policy(redis_url, policy_name, workload, n_workers, mocker, seed, router, reply, tiers))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -280,12 +280,12 @@ class KvbmSettings(BaseModel):
     offload_queue_blocks: int = Field(65536, ge=1)
     #: The mocker's simulated tiers (and every engine's prior for the router's credit until onboards are
     #: measured): bandwidth in GB/s and a fixed latency per read, in ms.
-    host_gb_per_s: float = Field(10.0, gt=0)
+    host_gb_per_s: float = Field(20.0, gt=0)
     host_latency_ms: float = Field(0.05, ge=0)
-    disk_gb_per_s: float = Field(2.0, gt=0)
-    disk_latency_ms: float = Field(0.3, ge=0)
-    shared_gb_per_s: float = Field(1.0, gt=0)
-    shared_latency_ms: float = Field(1.0, ge=0)
+    disk_gb_per_s: float = Field(4.0, gt=0)
+    disk_latency_ms: float = Field(0.2, ge=0)
+    shared_gb_per_s: float = Field(2.5, gt=0)
+    shared_latency_ms: float = Field(0.5, ge=0)
 
     @property
     def enabled(self) -> bool:

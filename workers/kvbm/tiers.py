@@ -73,7 +73,9 @@ class LocalTier(Protocol):
 
 
 class KvTiers:
-    def __init__(self, settings: KvbmSettings, *, scope: str, block_bytes: int) -> None:
+    def __init__(self, settings: KvbmSettings, *, scope: str, block_bytes: int, inline: bool = False) -> None:
+        """``inline``: offload in the caller, no thread (simulations on a virtual clock need every effect
+        to happen at a known instant; bench.kvbm_bench)."""
         self.settings = settings
         self.block_bytes = block_bytes
         self.frame_bytes = frame_size(block_bytes)
@@ -88,8 +90,10 @@ class KvTiers:
         self._events: list[TierEvent] = []
         self._events_lock = threading.Lock()
         self._pending: queue.Queue[tuple[int, bytes] | None] = queue.Queue(settings.offload_queue_blocks)
+        self.inline = inline
         self._thread = threading.Thread(target=self._offload_loop, name="kvbm-offload", daemon=True)
-        self._thread.start()
+        if not inline:
+            self._thread.start()
         if self.disk is not None and len(self.disk):
             self._event("disk", True, self.disk.hashes())
 
@@ -105,6 +109,9 @@ class KvTiers:
     # ---- offload ----------------------------------------------------------------------------------
     def offload(self, blocks: Sequence[tuple[int, bytes]]) -> None:
         """Hand full blocks (hash, payload) to the offload thread; never waits (a full queue drops them)."""
+        if self.inline:
+            self._write(list(blocks))
+            return
         dropped = 0
         for block in blocks:
             try:
@@ -304,7 +311,8 @@ class KvTiers:
         return {t.name: (len(t), len(t) * self.frame_bytes) for t in self.local}
 
     def close(self) -> None:
-        self._pending.put(None)
-        self._thread.join(timeout=10)
+        if not self.inline:
+            self._pending.put(None)
+            self._thread.join(timeout=10)
         if self.shared is not None:
             self.shared.close()

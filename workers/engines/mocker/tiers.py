@@ -82,12 +82,16 @@ class MockerTiers:
     async def onboard(self, chain: Sequence[int]) -> int:
         """Read the leading run of ``chain`` the tiers hold and wait its simulated time; returns the blocks
         read (0 when none: the request recomputes)."""
+        if self.store.inline:  # a simulation: the read happens at once, then exactly the simulated time passes
+            read = self.store.onboard(list(chain))
+            if read.payloads:
+                await asyncio.sleep(self.simulated_s(read.tiers))
+            return len(read.payloads)
         start = time.monotonic()
         read = await asyncio.to_thread(self.store.onboard, list(chain))
         if not read.payloads:
             return 0
-        simulated = self.simulated_s(read.tiers)
-        await asyncio.sleep(max(0.0, simulated - (time.monotonic() - start)))
+        await asyncio.sleep(max(0.0, self.simulated_s(read.tiers) - (time.monotonic() - start)))
         return len(read.payloads)
 
     def simulated_s(self, tiers: Sequence[str]) -> float:
@@ -119,4 +123,7 @@ class MockerTiers:
                 await self._pump
             except asyncio.CancelledError:
                 pass
-        await asyncio.to_thread(self.store.close)
+        if self.store.inline:
+            self.store.close()
+        else:
+            await asyncio.to_thread(self.store.close)

@@ -1,0 +1,188 @@
+"""KV tiers benchmark, the mocker part: `make bench-kvbm` (or `python -m bench.kvbm_bench`).
+
+Four mocker workers on a virtual clock (bench.router_quality's harness: the real scheduler, paged KV
+cache, KV relay, Redis prefix index and routing script; model time is the loop's time) replay a
+multi-turn, long-context chat whose working set is several times the fleet's device KV: conversations
+come back after think times long enough for other traffic to have evicted them. The same trace runs with
+
+* ``off``: no tiers (what Sluice did before);
+* ``host``, ``host+disk``, ``host+disk+shared``: the tiers of workers.kvbm under every mocker (real
+  stores of stand-in blocks: the host tier in memory, the disk tier in a temporary directory per worker,
+  the shared tier in the benchmark's Redis), onboard time simulated from the tiers' bandwidths and
+  latencies (core.settings.KvbmSettings, printed with the results), the router crediting each tier;
+* ``all tiers, device-only cost``: the same tiers, but the router weighs device blocks only (the cost
+  before tier credits), to show what the credit buys;
+
+and the routing-quality workload of bench.router_quality (its defaults: a cache that holds the working
+set better) with all tiers, tier-aware against device-only cost, to show the credit does no harm there.
+
+Reports per run: TTFT mean, p90 and mean over return turns (every turn after a conversation's first),
+the share of prompt tokens cached or onboarded, blocks onboarded per tier, output tokens per model second,
+and a digest (repeated runs reproduce it). Prints a table and the ratios against ``off`` and against the
+device-only cost; writes bench/results/kvbm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from bench.chat_workloads import shared_workload, working_set_tokens
+from bench.devstack import RedisServer
+from bench.router_quality import TierSetup, simulate
+from core.settings import KvbmSettings, MockerSettings, RouterSettings
+from workers.kvbm.frame import frame_size
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CONFIGS = ("off", "host", "host+disk", "host+disk+shared", "all tiers, device-only cost")
+
+
+def _tiers(name: str, kvbm: KvbmSettings) -> TierSetup | None:
+    if name == "off":
+        return None
+    presets: dict[str, dict[str, Any]] = {"host": {"disk_bytes": 0, "redis_url": None}, "host+disk": {"redis_url": None}}
+    on = presets.get(name, {})
+    return TierSetup(kvbm.model_copy(update=on), credit=name != "all tiers, device-only cost")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[7, 8])
+    ap.add_argument("--kv-blocks", type=int, default=1024, help="device KV per worker (blocks of 16 tokens)")
+    ap.add_argument("--host-x", type=float, default=4.0, help="host tier per worker, in device caches")
+    ap.add_argument("--disk-x", type=float, default=16.0, help="disk tier per worker, in device caches")
+    ap.add_argument("--users-per-worker", type=int, default=16)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--think-s", type=float, default=20.0, help="mean model seconds before a conversation returns")
+    ap.add_argument("--duration-s", type=float, default=60.0)
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--no-quality", action="store_true", help="skip the routing-quality workload")
+    ap.add_argument("--out", type=Path, default=RESULTS / "kvbm.json")
+    return ap
+
+
+def _row(config: str, workload: str, r: dict) -> dict:
+    return {"config": config, "workload": workload} | {
+        k: r[k] for k in ("seed", "requests", "hit_ratio", "ttft_mean_ms", "ttft_p90_ms", "ttft_return_mean_ms",
+                          "tier_hit_blocks", "output_tokens_per_model_s", "model_s", "wall_s", "digest")}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parser().parse_args(argv)
+    mocker = MockerSettings(speedup=1.0, kv_blocks=args.kv_blocks, block_size=16, max_num_seqs=256,
+                            max_num_batched_tokens=8192)
+    device_bytes = args.kv_blocks * frame_size(mocker.kv_bytes_per_block)
+    console = Console(width=160) if not Console().is_terminal else Console()
+    router = RouterSettings()
+    rows: list[dict] = []
+    server = RedisServer().start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="sluice-kvbm-bench-") as tmp:
+            kvbm = KvbmSettings(host_bytes=int(args.host_x * device_bytes), disk_dir=Path(tmp),
+                                disk_bytes=int(args.disk_x * device_bytes), redis_url=server.url.replace("/0", "/1"))
+            for seed in args.seeds:
+                workload = shared_workload(
+                    args.workers, seed, users_per_worker=args.users_per_worker, turns=args.turns,
+                    duration_s=args.duration_s, system_tokens=1500, users_per_system=8, first_tokens=(1000, 4000),
+                    user_tokens=(50, 500), output_tokens=(100, 300), think_s=args.think_s)
+                ws = working_set_tokens(workload, 200) / (args.workers * args.kv_blocks * 16)
+                console.print(f"long-context W={args.workers} seed {seed}: {sum(map(len, workload.conversations))} "
+                              f"requests, working set ~{ws:.1f}x the fleet's device KV")
+                for config in args.configs:
+                    _fresh(server, Path(tmp))
+                    r = simulate(server.url, "kv", workload, args.workers, mocker, seed, router,
+                                 tiers=_tiers(config, kvbm))
+                    rows.append(_row(config, "long-context", r) | {"working_set_over_fleet_kv": ws})
+                    _print(console, rows[-1])
+                if args.no_quality:
+                    continue
+                quality_mocker = mocker.model_copy(update={"kv_blocks": 4096})
+                quality_bytes = 4096 * frame_size(mocker.kv_bytes_per_block)
+                qkvbm = kvbm.model_copy(update={"host_bytes": int(args.host_x * quality_bytes),
+                                                "disk_bytes": int(args.disk_x * quality_bytes)})
+                quality = shared_workload(args.workers, seed, users_per_worker=12, turns=8, duration_s=60.0,
+                                          system_tokens=1500, users_per_system=8, first_tokens=(1000, 6000),
+                                          user_tokens=(50, 500), output_tokens=(100, 300), think_s=6.0)
+                for config in ("off", "host+disk+shared", "all tiers, device-only cost"):
+                    _fresh(server, Path(tmp))
+                    r = simulate(server.url, "kv", quality, args.workers, quality_mocker, seed, router,
+                                 tiers=_tiers(config, qkvbm))
+                    rows.append(_row(config, "routing-quality", r))
+                    _print(console, rows[-1])
+    finally:
+        server.stop()
+    ratios = _ratios(rows)
+    _report(console, rows, ratios)
+    out = {"benchmark": "kvbm", "engine": "mocker", "clock": "virtual", "host": platform.node(),
+           "python": platform.python_version(), "config": {k: str(v) for k, v in vars(args).items()},
+           "mocker": mocker.model_dump(), "tiers": kvbm.model_dump(mode="json"), "rows": rows, "ratios": ratios}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2))
+    console.print(f"wrote {args.out}")
+    return out
+
+
+def _fresh(server: RedisServer, disk_root: Path) -> None:
+    """Every run starts cold: no disk tier files, no shared tier blocks."""
+    for child in disk_root.iterdir():
+        shutil.rmtree(child, ignore_errors=True)
+    redis.Redis.from_url(server.url.replace("/0", "/1")).flushdb()
+
+
+def _print(console: Console, row: dict) -> None:
+    hits = " ".join(f"{t} {n}" for t, n in row["tier_hit_blocks"].items() if n)
+    console.print(f"{row['workload']:15s} seed {row['seed']} {row['config']:28s} hit {row['hit_ratio']:.3f} TTFT mean "
+                  f"{row['ttft_mean_ms']:.0f} p90 {row['ttft_p90_ms']:.0f} return {row['ttft_return_mean_ms']:.0f} ms "
+                  f"| onboarded blocks: {hits or '-'} | {row['output_tokens_per_model_s']:.0f} tok/s "
+                  f"({row['wall_s']:.0f} wall s, {row['digest']})")
+
+
+def _mean(rows: list[dict], workload: str, config: str, key: str) -> float | None:
+    xs = [r[key] for r in rows if r["workload"] == workload and r["config"] == config]
+    return float(np.mean(xs)) if xs else None
+
+
+def _ratios(rows: list[dict]) -> dict[str, float]:
+    """Per workload, each config's mean TTFT (and return-turn TTFT) over ``off``'s and, for the tier-aware
+    runs, over the device-only cost's (means over seeds)."""
+    out: dict[str, float] = {}
+    for workload in sorted({r["workload"] for r in rows}):
+        for base in ("off", "all tiers, device-only cost"):
+            for config in sorted({r["config"] for r in rows if r["workload"] == workload} - {base, "off"}):
+                for key in ("ttft_mean_ms", "ttft_return_mean_ms"):
+                    a, b = _mean(rows, workload, config, key), _mean(rows, workload, base, key)
+                    if a is not None and b:
+                        out[f"{workload}: {config} / {base} {key}"] = a / b
+    return out
+
+
+def _report(console: Console, rows: list[dict], ratios: dict[str, float]) -> None:
+    table = Table(title="KV tiers on 4 mockers (virtual clock, model ms; mean over seeds)")
+    for col in ("workload", "config", "cached/onboarded", "TTFT mean", "TTFT p90", "return-turn TTFT",
+                "host/disk/shared blocks", "out tok/s"):
+        table.add_column(col, justify="left" if col in ("workload", "config") else "right")
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        for config in dict.fromkeys(r["config"] for r in rows if r["workload"] == workload):
+            mine = [r for r in rows if r["workload"] == workload and r["config"] == config]
+            hits = "/".join(str(int(np.mean([r["tier_hit_blocks"][t] for r in mine]))) for t in ("host", "disk", "shared"))
+            table.add_row(workload, config, *(f"{_mean(rows, workload, config, k):{f}}" for k, f in (
+                ("hit_ratio", ".3f"), ("ttft_mean_ms", ".0f"), ("ttft_p90_ms", ".0f"), ("ttft_return_mean_ms", ".0f"))),
+                hits, f"{_mean(rows, workload, config, 'output_tokens_per_model_s'):.0f}")
+    console.print(table)
+    for name, value in ratios.items():
+        console.print(f"{name}: {value:.2f}")
+
+
+if __name__ == "__main__":
+    main()
