@@ -25,8 +25,10 @@ device-only cost; writes bench/results/kvbm.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import platform
+import random
 import shutil
 import tempfile
 from pathlib import Path
@@ -40,8 +42,14 @@ from rich.table import Table
 from bench.chat_workloads import shared_workload, working_set_tokens
 from bench.devstack import RedisServer
 from bench.router_quality import TierSetup, simulate
+from bench.virtual_clock import VirtualClockLoop
+from core.messages import SamplingParams
 from core.settings import KvbmSettings, MockerSettings, RouterSettings
+from workers.engines.base import EngineRequest
+from workers.engines.mocker.engine import MockerEngine
+from workers.engines.mocker.tiers import MockerTiers
 from workers.kvbm.frame import frame_size
+from workers.kvbm.tiers import KvTiers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIGS = ("off", "host", "host+disk", "host+disk+shared", "all tiers, device-only cost")
@@ -105,6 +113,23 @@ def main(argv: list[str] | None = None) -> dict:
                                  tiers=_tiers(config, kvbm))
                     rows.append(_row(config, "long-context", r) | {"working_set_over_fleet_kv": ws})
                     _print(console, rows[-1])
+                _fresh(server, Path(tmp))
+                down = RedisServer().start()
+                try:
+                    stopped_at = args.duration_s / 2
+
+                    async def stop_shared(server: RedisServer = down, at_s: float = stopped_at) -> None:
+                        await asyncio.sleep(at_s)
+                        server.stop()
+
+                    r = simulate(server.url, "kv", workload, args.workers, mocker, seed, router,
+                                 tiers=_tiers("host+disk+shared", kvbm.model_copy(update={"redis_url": down.url})),
+                                 meanwhile=stop_shared)
+                finally:
+                    down.stop()
+                rows.append(_row("shared tier stopped mid-run", "long-context", r) | {
+                    "expected_requests": sum(map(len, workload.conversations)), "stopped_at_model_s": stopped_at})
+                _print(console, rows[-1])
                 if args.no_quality:
                     continue
                 quality_mocker = mocker.model_copy(update={"kv_blocks": 4096})
@@ -120,17 +145,89 @@ def main(argv: list[str] | None = None) -> dict:
                                  tiers=_tiers(config, qkvbm))
                     rows.append(_row(config, "routing-quality", r))
                     _print(console, rows[-1])
+            _fresh(server, Path(tmp))
+            cases = _cases(mocker.model_copy(update={"kv_blocks": 4096}), kvbm)
     finally:
         server.stop()
     ratios = _ratios(rows)
     _report(console, rows, ratios)
+    console.print(f"cross-worker: next turn on another worker, {CASE_PROMPT_TOKENS}-token history: TTFT "
+                  f"{cases['cross_worker']['shared tier']['ttft_ms']:.0f} ms onboarded from the shared tier against "
+                  f"{cases['cross_worker']['recompute']['ttft_ms']:.0f} ms recomputed: {cases['cross_worker']['ratio']:.2f}x")
+    console.print(f"restart: a known {CASE_PROMPT_TOKENS}-token prompt on a restarted worker, TTFT "
+                  f"{cases['restart']['restarted_ttft_ms']:.0f} ms from its disk tier against "
+                  f"{cases['restart']['cold_ttft_ms']:.0f} ms cold: {cases['restart']['ratio']:.2f}x")
     out = {"benchmark": "kvbm", "engine": "mocker", "clock": "virtual", "host": platform.node(),
            "python": platform.python_version(), "config": {k: str(v) for k, v in vars(args).items()},
-           "mocker": mocker.model_dump(), "tiers": kvbm.model_dump(mode="json"), "rows": rows, "ratios": ratios}
+           "mocker": mocker.model_dump(), "tiers": kvbm.model_dump(mode="json"), "rows": rows, "ratios": ratios, "cases": cases}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     console.print(f"wrote {args.out}")
     return out
+
+
+# ---- single-prompt cases: a conversation moved to another worker, a restarted worker --------------------
+CASE_PROMPT_TOKENS = 4000
+
+
+def _engine(mocker: MockerSettings, kvbm: KvbmSettings) -> MockerEngine:
+    store = KvTiers(kvbm, scope=f"case-{mocker.block_size}", block_bytes=mocker.kv_bytes_per_block, inline=True)
+    return MockerEngine("case-model", mocker, context_length=32_768, tiers=MockerTiers(store, mocker, kvbm))
+
+
+async def _ttft_ms(engine: MockerEngine, prompt: list[int]) -> tuple[float, int]:
+    """Model ms to the first token of ``prompt`` on ``engine``, and its cached (or onboarded) tokens."""
+    loop = asyncio.get_running_loop()
+    start, first, cached = loop.time(), None, 0
+    async for out in engine.generate(EngineRequest(f"case-{random.getrandbits(32)}", prompt,
+                                                   SamplingParams(max_tokens=4, ignore_eos=True))):
+        if first is None and out.token_ids:
+            first = loop.time()
+        if out.usage is not None:
+            cached = out.usage.cached_tokens
+    assert first is not None
+    return (first - start) * 1000, cached
+
+
+async def _cross_worker(mocker: MockerSettings, kvbm: KvbmSettings) -> dict:
+    """A conversation's first turn on one worker, its next on another (the first drained): with the shared
+    tier the second worker onboards the history the first offloaded; without, it recomputes it."""
+    rng = random.Random(11)
+    history = [rng.randrange(100, 49_000) for _ in range(CASE_PROMPT_TOKENS)]
+    out: dict[str, Any] = {}
+    local = kvbm.model_copy(update={"disk_bytes": 0})  # the workers' disk directories would be one here
+    for name, tiers in (("recompute", local.model_copy(update={"redis_url": None})), ("shared tier", local)):
+        first, second = _engine(mocker, tiers), _engine(mocker, tiers)
+        await first.start()
+        await second.start()
+        await _ttft_ms(first, history)
+        ttft, cached = await _ttft_ms(second, [*history, *rng.sample(range(100, 49_000), 50)])
+        out[name] = {"ttft_ms": ttft, "cached_tokens": cached}
+        await first.shutdown()
+        await second.shutdown()
+    out["ratio"] = out["shared tier"]["ttft_ms"] / out["recompute"]["ttft_ms"]
+    return out
+
+
+async def _restart(mocker: MockerSettings, kvbm: KvbmSettings) -> dict:
+    """A known prompt on a worker, then on the same worker restarted with its disk tier (a new engine on the
+    same directory): its TTFT against the cold one."""
+    prompt = [random.Random(12).randrange(100, 49_000) for _ in range(CASE_PROMPT_TOKENS)]
+    disk_only = kvbm.model_copy(update={"host_bytes": 0, "redis_url": None})
+    before = _engine(mocker, disk_only)
+    await before.start()
+    cold, _ = await _ttft_ms(before, prompt)
+    await before.shutdown()
+    after = _engine(mocker, disk_only)
+    await after.start()
+    warm, cached = await _ttft_ms(after, prompt)
+    await after.shutdown()
+    return {"cold_ttft_ms": cold, "restarted_ttft_ms": warm, "cached_tokens": cached, "ratio": warm / cold}
+
+
+def _cases(mocker: MockerSettings, kvbm: KvbmSettings) -> dict:
+    with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
+        return {"cross_worker": runner.run(_cross_worker(mocker, kvbm)), "restart": runner.run(_restart(mocker, kvbm))}
 
 
 def _fresh(server: RedisServer, disk_root: Path) -> None:

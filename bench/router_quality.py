@@ -61,9 +61,10 @@ import json
 import platform
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -216,11 +217,12 @@ def engine_reply(turn: Turn, k: int, answered: list[int]) -> list[int]:
 
 async def run_policy(redis_url: str, policy_name: str, workload: Workload, n_workers: int, mocker: MockerSettings,
                      seed: int, router: RouterSettings, reply: Reply = engine_reply,
-                     tiers: TierSetup | None = None) -> dict:
+                     tiers: TierSetup | None = None, meanwhile: Callable[[], Coroutine[Any, Any, None]] | None = None) -> dict:
     """Replay ``workload`` through one policy on W fresh mockers; must run on a :class:`VirtualClockLoop`
     (see :func:`simulate`). Owns the database at ``redis_url``: flushes it before and after. ``reply``:
     what each answer adds to the history (bench.dynamo_compare replays its trace's canned replies, as
-    its real-time client does). ``tiers``: KV tiers under the mockers (bench.kvbm_bench)."""
+    its real-time client does). ``tiers``: KV tiers under the mockers (bench.kvbm_bench); ``meanwhile``: a
+    task to run beside the trace (it is cancelled at the end if still running)."""
     loop = asyncio.get_running_loop()
     if not isinstance(loop, VirtualClockLoop):
         raise TypeError("run_policy measures virtual time: run it on a VirtualClockLoop (bench.router_quality.simulate)")
@@ -274,8 +276,11 @@ async def run_policy(redis_url: str, policy_name: str, workload: Workload, n_wor
             previous = wid
             history.extend(reply(turn, k, out_tokens))
 
+    side = loop.create_task(meanwhile()) if meanwhile is not None else None
     await asyncio.gather(*(conversation(c, workload.system[c[0].user]) for c in workload.conversations))
     model_s = loop.time()
+    if side is not None:
+        side.cancel()
     if isinstance(policy, KvPolicy):
         await policy.aclose()
     tier_hits = {t: sum(e.tiers.store.stats.hits[t] for e in cluster.engines.values() if e.tiers is not None)
@@ -317,10 +322,12 @@ def _digest(samples: list[Sample]) -> str:
 
 
 def simulate(redis_url: str, policy_name: str, workload: Workload, n_workers: int, mocker: MockerSettings,
-             seed: int, router: RouterSettings, reply: Reply = engine_reply, tiers: TierSetup | None = None) -> dict:
+             seed: int, router: RouterSettings, reply: Reply = engine_reply, tiers: TierSetup | None = None,
+             meanwhile: Callable[[], Coroutine[Any, Any, None]] | None = None) -> dict:
     """:func:`run_policy` on a fresh virtual-clock loop (its clock starts at 0 for every run)."""
     with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
-        return runner.run(run_policy(redis_url, policy_name, workload, n_workers, mocker, seed, router, reply, tiers))
+        return runner.run(run_policy(redis_url, policy_name, workload, n_workers, mocker, seed, router, reply, tiers,
+                                     meanwhile))
 
 
 def _parser() -> argparse.ArgumentParser:
