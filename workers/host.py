@@ -71,7 +71,7 @@ class EngineHost:
         self._token_rate = TokenRate()
         #: The worker's own step-time model, fitted from its steps and published with its load.
         self.timing = TimingFit()
-        self.metrics.watch_tiers(self.engine.kv_tiers)
+        self.metrics.watch_tiers(self.engine.tier_report)
 
     # ---- lifecycle (called from the Celery main thread) -------------------------------------
     def serve_metrics(self) -> str:
@@ -174,7 +174,7 @@ class EngineHost:
         model = self.timing.model()
         if model is not None:
             load = replace(load, timing=model.encode())
-        tiers = self.engine.kv_tiers()
+        tiers = self.engine.tier_report()
         if tiers is not None:
             load = replace(load, tier_blocks=tier_blocks(tiers),
                            tier_credit=load.tier_credit or measured_credit(tiers, model, self.engine.info.block_size))

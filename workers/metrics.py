@@ -31,7 +31,7 @@ from core.settings import WorkerSettings
 from router.registry import WorkerLoad
 from workers.engines.base import StepStats
 from workers.kvbm.metrics import TierCollector
-from workers.kvbm.tiers import KvTiers
+from workers.kvbm.tiers import TierReport
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +84,9 @@ class WorkerMetrics:
         for kind in _EVENT_KINDS.values():
             self.kv_events.labels(kind)
 
-    def watch_tiers(self, tiers: Callable[[], KvTiers | None]) -> None:
+    def watch_tiers(self, report: Callable[[], TierReport | None]) -> None:
         """Export the engine's KV tiers' metrics (read at each scrape; nothing when it has none)."""
-        self.registry.register(TierCollector(tiers))
+        self.registry.register(TierCollector(report))
 
     # ---- recording (engine loop thread) -----------------------------------------------------------
     def observe_load(self, load: WorkerLoad) -> None:

@@ -201,7 +201,7 @@ def test_the_worker_exports_each_tiers_metrics(tmp_path: Path) -> None:
                     block_bytes=BLOCK)
     metrics = WorkerMetrics()
     current: list[KvTiers | None] = [None]
-    metrics.watch_tiers(lambda: current[0])
+    metrics.watch_tiers(lambda: current[0].report() if current[0] is not None else None)
     assert b"kv_tier" not in generate_latest(metrics.registry)  # an engine without tiers exports none
     current[0] = tiers
     try:

@@ -261,3 +261,21 @@ async def test_the_feed_reads_vllms_own_publisher_over_zmq() -> None:
     finally:
         publisher.shutdown()
         subscriber.close()
+
+
+def test_tier_events_of_sluices_connector_pass_through_with_their_tier() -> None:
+    """workers.engines.vllm.kvbm_connector publishes tier changes with ``medium`` ``sluice:<tier>`` and
+    Sluice hashes: they keep their hashes, gain their tier, and leave the device cache's record alone."""
+    tr = KvEventTranslator(MODEL, B)
+    out = tr.apply([
+        WireBlockStored(block_hashes=SLUICE[:2], block_size=B, medium="sluice:host"),
+        WireBlockStored(block_hashes=SLUICE[:1], block_size=B, medium="sluice:disk"),
+        WireBlockRemoved(block_hashes=SLUICE[1:2], medium="sluice:host"),
+        WireBlockStored(block_hashes=[99], block_size=B, medium="CPU"),  # vLLM's own offloading: not Sluice's
+    ])
+    assert out == [
+        BlockStored(block_hashes=SLUICE[:2], tier="host"),
+        BlockStored(block_hashes=SLUICE[:1], tier="disk"),
+        BlockRemoved(block_hashes=SLUICE[1:2], tier="host"),
+    ]
+    assert tr.cached_hashes() == []

@@ -75,7 +75,7 @@ from core.messages import FinishReason, KvEvent, SamplingParams, TokenLogprob, U
 from router.registry import WorkerLoad
 
 if TYPE_CHECKING:
-    from workers.kvbm.tiers import KvTiers
+    from workers.kvbm.tiers import TierReport
 
 log = logging.getLogger(__name__)
 
@@ -238,9 +238,9 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
 
-    def kv_tiers(self) -> KvTiers | None:
-        """The engine's KV tiers (workers.kvbm) when it has them in this process: the worker's metrics and
-        load read them."""
+    def tier_report(self) -> TierReport | None:
+        """What the engine's KV tiers (workers.kvbm) hold and did, as last known (None without tiers): the
+        worker's metrics, load record and credits read it, on any thread. Never blocks."""
         return None
 
     def tier_block_hashes(self) -> dict[str, list[int]]:

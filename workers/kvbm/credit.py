@@ -9,10 +9,13 @@ script weighs each tier's share of a prompt's overlap by them (docs/routing.md, 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from core.settings import KvbmSettings
 from core.timing import TimingModel
-from workers.kvbm.tiers import KvTiers
+
+if TYPE_CHECKING:
+    from workers.kvbm.tiers import TierReport
 
 #: Blocks an onboard is taken to read at once when a tier's fixed latency is spread over blocks.
 TYPICAL_RUN_BLOCKS = 16
@@ -37,7 +40,7 @@ def format_credits(credits: Mapping[str, float]) -> str:
     return ",".join(f"{tier}={credit:.3f}" for tier, credit in credits.items())
 
 
-def measured_credit(tiers: KvTiers, timing: TimingModel | None, block_size: int, *,
+def measured_credit(report: TierReport, timing: TimingModel | None, block_size: int, *,
                     batch_tokens: int = 2048) -> str:
     """The credits of an engine's tiers from what they measured (onboard seconds per block read; the
     configured prior for a tier not read yet) against the prefill time per block of the worker's fitted
@@ -47,14 +50,13 @@ def measured_credit(tiers: KvTiers, timing: TimingModel | None, block_size: int,
         return ""
     prefill_s_per_block = timing.prefill_ms(batch_tokens) / batch_tokens * block_size / 1000.0
     onboard: dict[str, float] = {}
-    for tier in tiers.names:
-        blocks = tiers.stats.hits[tier]
-        seconds = tiers.stats.onboard_seconds.get(tier)
-        onboard[tier] = (seconds[1] / blocks if seconds and blocks
-                         else configured_onboard_s(tiers.settings, tier, tiers.block_bytes))
+    for tier in report.names:
+        blocks = report.stats.hits[tier]
+        seconds = report.stats.onboard_seconds.get(tier)
+        onboard[tier] = seconds[1] / blocks if seconds and blocks else report.prior_onboard_s[tier]
     return format_credits(tier_credits(onboard, prefill_s_per_block))
 
 
-def tier_blocks(tiers: KvTiers) -> str:
+def tier_blocks(report: TierReport) -> str:
     """``host=120,disk=3000``: what ``WorkerLoad.tier_blocks`` carries (the worker's own tiers)."""
-    return ",".join(f"{tier}={blocks}" for tier, (blocks, _bytes) in tiers.held().items())
+    return ",".join(f"{tier}={blocks}" for tier, (blocks, _bytes) in report.held.items())

@@ -1,5 +1,5 @@
-"""The tiers' Prometheus metrics, read from the engine's :class:`~workers.kvbm.tiers.KvTiers` at each scrape
-(its counters are thread-safe, so the metrics endpoint's thread reads them directly). docs/metrics.md."""
+"""The tiers' Prometheus metrics, read from the engine's latest :class:`~workers.kvbm.tiers.TierReport` at each
+scrape (``Engine.tier_report``: never blocks). docs/metrics.md."""
 
 from __future__ import annotations
 
@@ -9,24 +9,24 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from workers.kvbm.stats import ONBOARD_BUCKETS_S, TierStats
-from workers.kvbm.tiers import KvTiers
+from workers.kvbm.tiers import TierReport
 
 RECOMPUTE_REASONS = ("corrupt", "timeout", "down")
 
 
 class TierCollector(Collector):
-    def __init__(self, tiers: Callable[[], KvTiers | None]) -> None:
-        self._tiers = tiers
+    def __init__(self, report: Callable[[], TierReport | None]) -> None:
+        self._report = report
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
-        tiers = self._tiers()
+        tiers = self._report()
         if tiers is None:
             return
         names = tiers.names
         blocks = GaugeMetricFamily("sluice_worker_kv_tier_blocks", "KV blocks a tier of this worker holds", labels=["tier"])
         nbytes = GaugeMetricFamily("sluice_worker_kv_tier_bytes", "Bytes a tier of this worker holds (blocks x frame)",
                                    labels=["tier"])
-        for tier, (n, b) in tiers.held().items():
+        for tier, (n, b) in tiers.held.items():
             blocks.add_metric([tier], n)
             nbytes.add_metric([tier], b)
         yield blocks

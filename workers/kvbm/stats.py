@@ -53,6 +53,20 @@ class TierStats:
             else:
                 row[-1] += 1
 
+    def snapshot(self) -> TierStats:
+        """A copy of the counters as they are now (picklable: it crosses processes, workers.engines.vllm)."""
+        with self._lock:
+            return TierStats(Counter(self.hits), Counter(self.offloaded_bytes), Counter(self.onboarded_bytes),
+                             Counter(self.recomputes), self.offloads_dropped,
+                             {t: list(row) for t, row in self.onboard_seconds.items()})
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in vars(self).items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        vars(self).update(state)
+        self._lock = threading.Lock()
+
     def mean_onboard_s(self, tier: str) -> float | None:
         with self._lock:
             row = self.onboard_seconds.get(tier)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from core.settings import KvbmSettings
+from workers.kvbm.credit import configured_onboard_s
 from workers.kvbm.disk import DiskTier
 from workers.kvbm.frame import frame_size, seal, unseal
 from workers.kvbm.host import HostTier
@@ -58,6 +59,18 @@ class TierRead:
 
     def __len__(self) -> int:
         return len(self.payloads)
+
+
+@dataclass(frozen=True, slots=True)
+class TierReport:
+    """What an engine's tiers hold and did, as of one moment: what the worker's metrics, load record and
+    credits read (``Engine.tier_report``). ``held``: blocks and bytes per local tier; ``prior_onboard_s``:
+    each tier's configured seconds per block, for credits before any onboard was measured."""
+
+    names: list[str]
+    held: dict[str, tuple[int, int]]
+    stats: TierStats
+    prior_onboard_s: dict[str, float]
 
 
 class LocalTier(Protocol):
@@ -309,6 +322,10 @@ class KvTiers:
     def held(self) -> dict[str, tuple[int, int]]:
         """Per local tier: blocks held and their bytes."""
         return {t.name: (len(t), len(t) * self.frame_bytes) for t in self.local}
+
+    def report(self) -> TierReport:
+        return TierReport(self.names, self.held(), self.stats.snapshot(),
+                          {t: configured_onboard_s(self.settings, t, self.block_bytes) for t in self.names})
 
     def close(self) -> None:
         if not self.inline:

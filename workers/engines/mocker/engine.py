@@ -55,7 +55,7 @@ from workers.engines.mocker.script import MockerScript
 from workers.engines.mocker.tiers import MockerTiers
 from workers.engines.mocker.tokens import FIRST_TOKEN_ID, prompt_logprobs, stream_key
 from workers.engines.mocker.transfer import KvTransfer
-from workers.kvbm.tiers import KvTiers
+from workers.kvbm.tiers import TierReport
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,8 @@ class MockerEngine(Engine):
     def cached_block_count(self) -> int:
         return self._scheduler.kv.cached_count
 
-    def kv_tiers(self) -> KvTiers | None:
-        return self.tiers.store if self.tiers is not None else None
+    def tier_report(self) -> TierReport | None:
+        return self.tiers.store.report() if self.tiers is not None else None
 
     def tier_block_hashes(self) -> dict[str, list[int]]:
         return self.tiers.store.snapshot() if self.tiers is not None else {}

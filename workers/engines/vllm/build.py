@@ -21,4 +21,5 @@ def build(settings: Settings, model_path: Path) -> VllmEngine:
     if settings.worker.pool.transfers_kv:  # vLLM's NixlConnector moves the KV
         transfer = KvTransferSetup(vllm.nixl_host, vllm.nixl_port or free_port(vllm.nixl_host),
                                    settings.disagg.kv_hold_s)
-    return VllmEngine(settings.model, model_path, vllm, on_dead=shut_worker_down, transfer=transfer)
+    return VllmEngine(settings.model, model_path, vllm, on_dead=shut_worker_down, transfer=transfer,
+                      kvbm=settings.kvbm if settings.kvbm.enabled else None)

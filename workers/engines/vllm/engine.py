@@ -72,7 +72,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
 from core.messages import LORA, STRUCTURED_OUTPUTS, FinishReason, SamplingParams, StructuredOutput, TokenLogprob, Usage
-from core.settings import VllmSettings, get_settings
+from core.settings import KvbmSettings, VllmSettings, get_settings
 from router.registry import WorkerLoad
 from workers.engines.base import (
     Engine,
@@ -90,15 +90,21 @@ from workers.engines.die_with_worker import children_die_with_this_thread
 from workers.engines.vllm.kv_events import KvEventFeed, KvEventTranslator
 from workers.engines.vllm.kv_subscriber import KvEventSubscriber
 from workers.engines.vllm.kv_transfer import (
+    KvbmSetup,
     KvTransferSetup,
     configure_environment,
+    connector_config,
     export_params,
     import_params,
-    transfer_config,
 )
+from workers.engines.vllm.kvbm_connector import TierClient
 from workers.engines.vllm.stats import EngineCounters, recorder_factory
+from workers.kvbm.tiers import TierReport
 
 log = logging.getLogger(__name__)
+
+#: How often the worker asks vLLM's worker process what its KV tiers hold and did (metrics, load record).
+TIER_REPORT_INTERVAL_S = 1.0
 
 ENGINE_NAME = "vllm"
 CPU_DEFAULT_BLOCK_SIZE = 32
@@ -253,7 +259,7 @@ def _configure_cpu_threads(settings: VllmSettings) -> None:
 
 
 def engine_args(model_path: Path, settings: VllmSettings, kv_endpoint: str,
-                transfer: KvTransferSetup | None = None) -> AsyncEngineArgs:
+                transfer: KvTransferSetup | None = None, kvbm: KvbmSetup | None = None) -> AsyncEngineArgs:
     on_cpu = current_platform.is_cpu()
     dtype = settings.dtype
     if dtype == "auto" and on_cpu:
@@ -269,7 +275,7 @@ def engine_args(model_path: Path, settings: VllmSettings, kv_endpoint: str,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         kv_cache_memory_bytes=int(settings.kv_cache_gib * _GIB) if on_cpu else None,
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic="kv"),
-        kv_transfer_config=transfer_config(transfer, on_cpu) if transfer is not None else None,
+        kv_transfer_config=connector_config(transfer, kvbm, on_cpu),
         # Scheduler statistics go to Sluice's recorder alone (workers.engines.vllm.stats), which turns
         # them on; vLLM's own periodic log lines stay off, and iteration details give each step's time.
         disable_log_stats=True,
@@ -296,11 +302,17 @@ class _Live:
 
 class VllmEngine(Engine):
     def __init__(self, model: str, model_path: Path, settings: VllmSettings, on_dead: OnDead | None = None,
-                 transfer: KvTransferSetup | None = None) -> None:
+                 transfer: KvTransferSetup | None = None, kvbm: KvbmSettings | None = None) -> None:
         self.model = model
         #: With a transfer setup the engine runs vLLM's NixlConnector: it serves the prefill and
         #: decode pools (workers/engines/vllm/kv_transfer.py).
         self.transfer = transfer
+        #: With KV tiers on, Sluice's connector offloads to them and onboards from them
+        #: (workers/engines/vllm/kvbm_connector.py); ``_tiers`` asks them from this process.
+        self.kvbm = KvbmSetup.new(kvbm, model) if kvbm is not None and kvbm.enabled else None
+        self._tiers = TierClient(self.kvbm.address, self.kvbm.key) if self.kvbm is not None else None
+        self._tier_report: TierReport | None = None
+        self._tier_poll: asyncio.Task[None] | None = None
         #: vLLM's own counters (KV usage, prompt-token sources), recorded every step.
         self.counters = EngineCounters()
         #: Exported prefills whose blocks vLLM may still hold for a read: until the decode worker's
@@ -337,7 +349,8 @@ class VllmEngine(Engine):
             # The engine core is a child process: it ends with this thread, killed or not.
             with children_die_with_this_thread(get_settings().cache_dir):
                 self._llm = AsyncLLM.from_engine_args(
-                    engine_args(self.model_path, self.settings, self._subscriber.endpoint, self.transfer),
+                    engine_args(self.model_path, self.settings, self._subscriber.endpoint, self.transfer,
+                                self.kvbm),
                     stat_loggers=[recorder_factory(self.counters, self._report_step)],
                 )
         except Exception as exc:
@@ -367,7 +380,20 @@ class VllmEngine(Engine):
         loop = asyncio.get_running_loop()
         self._kv_task = loop.create_task(self._pump_kv_events(), name="vllm-kv-events")
         self._watchdog = loop.create_task(self._watch_engine(), name="vllm-watchdog")
+        if self._tiers is not None:
+            self._tier_poll = loop.create_task(self._poll_tier_report(), name="vllm-tier-report")
         log.info("vLLM engine ready: %s", self.info)
+
+    async def _poll_tier_report(self) -> None:
+        """Keep the tiers' latest report (asked of vLLM's worker process off the loop, every second), so
+        :meth:`tier_report` never waits on that process."""
+        assert self._tiers is not None
+        while True:
+            try:
+                self._tier_report = await asyncio.to_thread(self._tiers.call, "report", timeout_s=2.0)
+            except Exception as exc:  # noqa: BLE001 - keep the last report; the metrics go stale, nothing fails
+                log.debug("the KV tiers did not report: %s", exc)
+            await asyncio.sleep(TIER_REPORT_INTERVAL_S)
 
     async def shutdown(self) -> None:
         self._dead_reported = True  # a deliberate stop is not a death
@@ -377,7 +403,7 @@ class VllmEngine(Engine):
                 await self._abort_all(self._llm)
             self._llm.shutdown(timeout=_CPU_ENGINE_EXIT_S if current_platform.is_cpu() else None)
             self._llm = None
-        for task in (self._kv_task, self._watchdog):
+        for task in (self._kv_task, self._watchdog, self._tier_poll):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -385,6 +411,8 @@ class VllmEngine(Engine):
         if self._subscriber is not None:
             self._subscriber.close()
             self._subscriber = None
+        if self._tiers is not None:
+            self._tiers.close()
 
     # ---- requests -------------------------------------------------------------------------------
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
@@ -537,6 +565,28 @@ class VllmEngine(Engine):
         # announced in between from before the reset; blocks stored since follow it.
         assert self._translator is not None
         emit_kv_events(self._sink, self._translator.clear())
+
+    def tier_block_hashes(self) -> dict[str, list[int]]:
+        """What the host and disk tiers hold, asked of vLLM's worker process ({} without tiers, or when it
+        does not answer: the index then lacks them until they are offloaded again)."""
+        if self._tiers is None:
+            return {}
+        try:
+            return dict(self._tiers.call("snapshot", timeout_s=2.0))
+        except Exception as exc:  # noqa: BLE001 - a resync without the tiers, not a failed one
+            log.warning("the KV tiers did not say what they hold: %s", exc)
+            return {}
+
+    def tier_report(self) -> TierReport | None:
+        return self._tier_report
+
+    def tier_stats(self) -> dict[str, Any]:
+        """The tiers' counters (workers.kvbm.stats), asked of vLLM's worker process."""
+        return dict(self._tiers.call("stats", timeout_s=2.0)) if self._tiers is not None else {}
+
+    def flush_tiers(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every block offloaded so far is written to its tiers (tests, shutdown)."""
+        return bool(self._tiers.call("flush", timeout_s, timeout_s=timeout_s + 1)) if self._tiers is not None else True
 
     def cached_block_hashes(self) -> list[int]:
         return self._translator.cached_hashes() if self._translator is not None else []

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvTier
 from router.hashing import BlockHash, block_hashes, root_hash
 from workers.engines.base import KvEventSink, KvLossReason, KvTrackLost, emit_kv_events
 
@@ -50,6 +50,11 @@ VllmHash = int | bytes
 
 #: The device tier whose blocks the engine computes with; offload tiers report other media.
 _DEVICE_MEDIA = (None, "GPU")
+#: The ``medium`` of the events of Sluice's own KV connector (workers.engines.vllm.kvbm_connector):
+#: ``sluice:host``, ``sluice:disk``, ``sluice:shared``. Their block hashes are Sluice's already.
+MEDIUM_PREFIX = "sluice:"
+_TIERS: dict[str, KvTier] = {MEDIUM_PREFIX + "host": "host", MEDIUM_PREFIX + "disk": "disk",
+                              MEDIUM_PREFIX + "shared": "shared"}
 
 
 class WireBlockStored(msgspec.Struct, tag="BlockStored"):
@@ -191,6 +196,9 @@ class KvEventTranslator:
         return held
 
     def _stored(self, event: WireBlockStored) -> BlockStored | None:
+        tier = _TIERS.get(event.medium or "")
+        if tier is not None:  # a KV tier's: hashes already Sluice's, chains not contiguous
+            return BlockStored(block_hashes=[int(h) for h in event.block_hashes], tier=tier) if event.block_hashes else None
         if event.medium not in _DEVICE_MEDIA or not event.block_hashes:
             return None
         n = len(event.block_hashes)
@@ -223,6 +231,9 @@ class KvEventTranslator:
         return BlockStored(block_hashes=list(hashes), parent_hash=parent)
 
     def _removed(self, event: WireBlockRemoved) -> BlockRemoved | None:
+        tier = _TIERS.get(event.medium or "")
+        if tier is not None:
+            return BlockRemoved(block_hashes=[int(h) for h in event.block_hashes], tier=tier) if event.block_hashes else None
         if event.medium not in _DEVICE_MEDIA:
             return None
         gone: list[int] = []

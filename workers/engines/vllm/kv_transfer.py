@@ -20,18 +20,27 @@ protocol is vLLM's:
 
 A read that fails (the prefill worker gone, a timeout) is recomputed locally
 (``kv_load_failure_policy="recompute"``): the request does not fail for it.
+
+With KV tiers on (``settings.kvbm``, docs/kvbm.md) the engine also runs Sluice's own connector
+(workers.engines.vllm.kvbm_connector, :func:`kvbm_config`); a prefill or decode worker composes both
+through vLLM's ``MultiConnector`` (:func:`connector_config`), NIXL first: a decode's transfer wins over
+a tier hit, and every computed block is offered to both (NIXL ignores what it was not asked to send).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import secrets
 import socket
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig
+
+    from core.settings import KvbmSettings
 
 #: UCX on a machine without RDMA: loopback TCP and shared memory (NIXL's agent creation fails with
 #: ``sm,self`` alone). Only defaults: an operator's own UCX settings win.
@@ -68,12 +77,64 @@ def configure_environment(setup: KvTransferSetup, on_cpu: bool) -> None:
 def transfer_config(setup: KvTransferSetup, on_cpu: bool) -> KVTransferConfig:
     from vllm.config import KVTransferConfig  # the pure helpers above and below work without vLLM
 
+    return KVTransferConfig(**_nixl_fields(setup, on_cpu), kv_load_failure_policy="recompute")
+
+
+def _nixl_fields(setup: KvTransferSetup, on_cpu: bool) -> dict[str, Any]:
+    return {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_both",
+        "kv_buffer_device": "cpu" if on_cpu else "cuda",
+        "kv_connector_extra_config": {"kv_lease_duration": max(1, math.ceil(setup.lease_s))},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class KvbmSetup:
+    """Sluice's KV tiers for this engine: their settings, the model name block hashes are salted with
+    (router.hashing), and the socket (an abstract Unix address with a key of its own) on which the
+    engine's worker process answers questions about them (workers.engines.vllm.kvbm_connector)."""
+
+    settings: KvbmSettings
+    model: str
+    address: str
+    key: str
+
+    @classmethod
+    def new(cls, settings: KvbmSettings, model: str) -> KvbmSetup:
+        return cls(settings, model, f"\0sluice-kvbm-{uuid.uuid4().hex}", secrets.token_hex(16))
+
+
+def _kvbm_fields(setup: KvbmSetup) -> dict[str, Any]:
+    from workers.engines.vllm import kvbm_connector as connector
+
+    return {
+        "kv_connector": "SluiceKvbmConnector",
+        "kv_connector_module_path": connector.__name__,
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            connector.EXTRA_MODEL: setup.model,
+            connector.EXTRA_SETTINGS: setup.settings.model_dump(mode="json"),
+            connector.EXTRA_ADDRESS: setup.address,
+            connector.EXTRA_KEY: setup.key,
+        },
+    }
+
+
+def connector_config(transfer: KvTransferSetup | None, kvbm: KvbmSetup | None, on_cpu: bool) -> KVTransferConfig | None:
+    """The engine's ``kv_transfer_config``: NIXL for the prefill/decode pools, the tiers' connector with
+    tiers on, both through ``MultiConnector`` (NIXL first), or None (no connector: the default)."""
+    from vllm.config import KVTransferConfig
+
+    if kvbm is None:
+        return transfer_config(transfer, on_cpu) if transfer is not None else None
+    if transfer is None:
+        return KVTransferConfig(**_kvbm_fields(kvbm), kv_load_failure_policy="recompute")
     return KVTransferConfig(
-        kv_connector="NixlConnector",
+        kv_connector="MultiConnector",
         kv_role="kv_both",
-        kv_buffer_device="cpu" if on_cpu else "cuda",
         kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"kv_lease_duration": max(1, math.ceil(setup.lease_s))},
+        kv_connector_extra_config={"connectors": [_nixl_fields(transfer, on_cpu), _kvbm_fields(kvbm)]},
     )
 
 
