@@ -219,10 +219,13 @@ bench-reliability: venv
 
 ## KV tiers (docs/kvbm.md): on 4 mockers in virtual time, a long-context multi-turn trace whose working
 ## set is several times the fleet's KV, with tiers off / host / host+disk / host+disk+shared and the
-## router's device-only cost (bench/results/kvbm.json).
-bench-kvbm: venv
+## router's device-only cost (bench/results/kvbm.json); then vLLM on CPU (SmolLM2): the same tier configs
+## on one worker, the shared tier stopped mid-run, a conversation moved to another worker, a restarted
+## worker's known prompt (bench/results/kvbm_vllm.json). About 30 minutes.
+bench-kvbm: venv venv-vllm
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.kvbm_bench
+	$(VLLM_BIN)/python -m bench.kvbm_vllm_bench
 
 ## NVIDIA's aiperf against a private mocker stack (or SLUICE_BENCH_URL, a running stack such as
 ## `make run`): chat, streaming, the model's tokenizer directory, concurrency 1, 8 and 32 for 5 s

@@ -29,6 +29,10 @@ class Trace:
     error: str | None = None
     #: The ``code`` of an error event (``stream_interrupted``, ``worker_lost``...).
     error_code: str | None = None
+    #: From the usage event (``stream_options.include_usage``): prompt tokens, and those the engine reused.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -90,6 +94,10 @@ async def stream_trace(session: aiohttp.ClientSession, url: str, body: dict, hea
                     trace.error = str(event["error"])
                     trace.error_code = (event["error"] or {}).get("code")
                     break
+                usage = event.get("usage")
+                if usage:
+                    trace.prompt_tokens, trace.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                    trace.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                 for choice in event.get("choices") or ():
                     text = (choice.get("delta") or {}).get("content") or choice.get("text")
                     if text:
