@@ -150,7 +150,7 @@ class Cluster:
                                   context_length=32_768, started_at=time.time())
             record = await registry.register(record, WorkerLoad(total_blocks=self.mocker.kv_blocks), 3600)
             if self.kv_events:
-                await relay.start(record.slot, engine.cached_block_hashes)
+                await relay.start(record.slot, engine.cached_block_hashes, engine.tier_block_hashes)
             self.engines[wid], self.relays[wid], self.records[wid] = engine, relay, record
         self.refresh()
         self._task = asyncio.get_running_loop().create_task(self._heartbeats())

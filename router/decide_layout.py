@@ -36,6 +36,7 @@ ARGS = (
     "slowdown_weight",
     "eviction_weight",
     "dry",                # 1: decide only (record, enqueue and settle nothing): the standalone router's query
+    "tiers",              # 1: some candidate credits KV tiers (the TIER column); 0: no tier key is read
     "nchains",
 )
 #: ARGV position of each fixed argument (1-based, as Lua counts).
@@ -52,6 +53,7 @@ COLUMNS = (
     ("CHAIN", 1, 0),    # uint8: the number of the chain of its block size
     ("TAGS", 4, 0),     # uint32: its owner tag
     ("TIMING", 44, 0),  # 11 floats (router.time_cost.COLUMNS)
+    ("TIER", 12, 0),    # 3 floats: its credit per KV tier, host, disk, shared (workers.kvbm.credit)
     ("COLD", 48, 0),    # 6 doubles: approx cap, approx number, offset and length of its id and its queue
     ("NAMES", 0, 0),    # the candidates' worker ids and queues, concatenated
 )

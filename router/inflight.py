@@ -47,7 +47,7 @@ _HEAD = ("rid", "prediction_ttl_ms", "u", "temperature", "pinned", "weight")
 _TABLE = ("table_ttl_ms", "sent")
 _SHAPE = ("n", "nslots")
 _TAIL = ("model", "prefix", "approx_ttl_ms", "task_head", "task_tail", "broker_prefix", "cost_kind",
-         "slowdown_weight", "eviction_weight", "dry", "nchains")
+         "slowdown_weight", "eviction_weight", "dry", "tiers", "nchains")
 if _HEAD + _TABLE + _SHAPE + _TAIL != ARGS:
     raise ImportError("router.inflight packs DECIDE's arguments out of router.decide_layout's order")
 
@@ -78,7 +78,8 @@ class Candidates:
     every decision).
     The table is one string of little-endian columns, each read only by the decisions that need it:
     slots (int32), active blocks (int32), slot lookup (uint16 per slot), scale (double), chain number
-    (uint8), owner tag (uint32), the ``time`` cost's columns (11 floats), cold columns (6 doubles:
+    (uint8), owner tag (uint32), the ``time`` cost's columns (11 floats), the KV tiers' credits (3 floats:
+    host, disk, shared; ``tiered`` says whether any is above 0), cold columns (6 doubles:
     approx cap, approx number, offset and length of the worker id and of the queue in the names) and
     the worker ids and queues, concatenated. See router/lua/decide.lua."""
 
@@ -89,6 +90,8 @@ class Candidates:
     packed_shape: bytes
     #: The id of the table this one replaces (the same pool's previous one): dropped when this one is stored.
     replaces: str | None = None
+    #: Some candidate credits blocks in KV tiers: decisions read the tiers' keys (else none of them).
+    tiered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,17 +155,19 @@ class InflightStore:
                             lookup=lookup.tobytes(), static=static, tail=cold.tobytes() + b"".join(names))
 
     def candidates(self, model: str, roster: PackedRoster, active: np.ndarray, timing: np.ndarray, table_id: str,
-                   replaces: str | None = None) -> Candidates:
+                   replaces: str | None = None, tier_credit: np.ndarray | None = None) -> Candidates:
         """The candidate table ``table_id``: ``roster`` with each worker's ``active`` blocks (heartbeat
-        load) and ``timing`` (the ``time`` cost's columns, router.time_cost). ``replaces``: the id of the
-        table it replaces, if any."""
+        load), ``timing`` (the ``time`` cost's columns, router.time_cost) and ``tier_credit`` (one row of
+        host, disk and shared credits each; None: no tiers). ``replaces``: the id of the table it
+        replaces, if any."""
+        credits = np.zeros((len(active), 3)) if tier_credit is None else np.asarray(tier_credit, dtype=np.float64)
         own = self.keys.router_table(model, table_id)
         keys = [*roster.keys, own, self.keys.router_table(model, replaces) if replaces else own, *roster.approx_keys]
         table = b"".join((roster.slots, np.asarray(active, dtype="<i4").tobytes(), roster.lookup, roster.static,
-                          np.asarray(timing).astype("<f4").tobytes(), roster.tail))
+                          np.asarray(timing).astype("<f4").tobytes(), credits.astype("<f4").tobytes(), roster.tail))
         return Candidates(table_id=table_id, n_keys=len(keys), packed_keys=pack_args(*keys), replaces=replaces,
-                          table=table,
-                          packed_shape=pack_args(len(active), len(roster.lookup) // 2))
+                          table=table, packed_shape=pack_args(len(active), len(roster.lookup) // 2),
+                          tiered=bool(np.any(credits > 0)))
 
     async def decide(
         self,
@@ -207,7 +212,7 @@ class InflightStore:
                       b"time" if time_weights is not None else b"blocks",
                       repr(float(time_weights.slowdown if time_weights else 0.0)),
                       repr(float(time_weights.eviction if time_weights else 0.0)),
-                      1 if dry else 0, len(chains), *per_chain),
+                      1 if dry else 0, 1 if candidates.tiered else 0, len(chains), *per_chain),
             pack_args(*(x.encode() for op in settle for x in op)),
         ))
         n_args = len(ARGS) + len(per_chain) + 2 * len(settle)

@@ -43,7 +43,7 @@ Usage on a worker host (one task per worker calls these in order)::
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -60,6 +60,8 @@ from router.resp import hex_digits, pack_command, pack_mget
 from router.resp_channel import RespChannel
 from router.scoring import leading_overlaps
 
+#: How long the index credits a block reported in a model's shared KV tier (workers.kvbm), by default.
+SHARED_TIER_TTL_S = 600.0
 #: Blocks cleared per purge call: bounds how long one call holds Redis.
 PURGE_CHUNK_BLOCKS = 20_000
 #: Blocks written per resync call; a larger state is written in several calls (not atomically).
@@ -112,15 +114,19 @@ class IndexRead:
     prefill: np.ndarray
 
 
+#: A KV tier's letter in the index's keys (docs/routing.md, "KV tiers"); the device has none.
+TIER_LETTERS = {"host": b"h", "disk": b"d"}
+#: APPLY's operations per event kind and tier: stored, removed.
+_OPS: dict[str, tuple[bytes, bytes]] = {"device": (b"S", b"R"), "host": (b"Th", b"Uh"), "disk": (b"Td", b"Ud"),
+                                        "shared": (b"G", b"g")}
+
+
 def _ops(batch: KvEventBatch) -> list[bytes]:
     ops: list[bytes] = []
     for event in batch.events:
-        if isinstance(event, BlockStored):
+        if isinstance(event, BlockStored | BlockRemoved):
             if event.block_hashes:
-                ops.append(b"S" + hex_digits(event.block_hashes))
-        elif isinstance(event, BlockRemoved):
-            if event.block_hashes:
-                ops.append(b"R" + hex_digits(event.block_hashes))
+                ops.append(_OPS[event.tier][isinstance(event, BlockRemoved)] + hex_digits(event.block_hashes))
         elif isinstance(event, AllBlocksCleared):
             ops.append(b"C")
     return ops
@@ -137,8 +143,11 @@ def _uint32_at(blob: bytes, offsets: np.ndarray) -> np.ndarray:
 
 class PrefixIndex:
     def __init__(self, client: IndexClient, keys: Keys, *, stream_maxlen: int = KV_EVENTS_STREAM_MAXLEN,
-                 channel: RespChannel | ClusterChannel | None = None) -> None:
+                 channel: RespChannel | ClusterChannel | None = None, shared_ttl_s: float = SHARED_TIER_TTL_S) -> None:
+        """``shared_ttl_s``: how long a block reported in the model's shared KV tier is credited to every
+        worker after the report (the tier evicts on its own, unseen; a stale credit costs one recompute)."""
         self.client = client
+        self.shared_ttl_ms = int(shared_ttl_s * 1000)
         self.keys = keys
         #: The connection the scoring read goes out on (router.resp_channel, router.cluster_channel).
         self.channel = channel or routing_channel(client)
@@ -165,14 +174,16 @@ class PrefixIndex:
         its whole prefix. Removing a block the index does not list for the worker is a no-op."""
         keys = [*self._worker_keys(batch.worker_id, model), self.keys.kv_events_of(model)]
         args: list[ScriptArg] = [batch.worker_id, slot, batch.event_id, model, self.keys.kv_block_prefix(model), self.stream_maxlen,
-                encode_kv_batch(batch) if publish else b"", owner_tag(batch.worker_id), *_ops(batch)]
+                encode_kv_batch(batch) if publish else b"", owner_tag(batch.worker_id), self.shared_ttl_ms,
+                *_ops(batch)]
         status, last, stored, removed = await self._apply(keys=keys, args=args)
         return ApplyResult(status.decode(), int(last), int(stored), int(removed))
 
     async def resync(self, worker_id: str, slot: int, model: str, block_hashes: Sequence[int], event_id: int,
-                     *, publish: bool = True) -> int:
-        """Replace everything the index holds for the worker with ``block_hashes``; the next batch
-        expected is ``event_id + 1``. Returns the number of blocks written.
+                     *, publish: bool = True, tiers: Mapping[str, Sequence[int]] | None = None) -> int:
+        """Replace everything the index holds for the worker with ``block_hashes`` (and what its own KV
+        tiers hold, ``tiers``: ``host`` and ``disk``, written with the first call); the next batch
+        expected is ``event_id + 1``. Returns the number of device blocks written.
 
         Atomic when the old and the new state each fit in one call (:data:`RESYNC_CHUNK_BLOCKS`);
         a larger state is written in several calls, during which the index under-reports the worker.
@@ -187,8 +198,9 @@ class PrefixIndex:
             first = start == 0
             events: list[KvEvent] = [AllBlocksCleared(), BlockStored(part)] if first else [BlockStored(part)]
             payload = encode_kv_batch(KvEventBatch(worker_id, event_id, events)) if publish else b""
+            tier_hex = [hex_digits((tiers or {}).get(t, ())) if first else b"" for t in TIER_LETTERS]
             args: list[ScriptArg] = [worker_id, slot, event_id, model, prefix, self.stream_maxlen, payload, owner_tag(worker_id),
-                    1 if first else 0, RESYNC_CHUNK_BLOCKS, hex_digits(part)]
+                    1 if first else 0, RESYNC_CHUNK_BLOCKS, hex_digits(part), *tier_hex]
             busy_with: set[str] = set()
             while True:
                 reply = await self._resync(keys=keys, args=args)

@@ -107,6 +107,28 @@ class WorkerLoad:
         return self.active_blocks / self.total_blocks if self.total_blocks else 0.0
 
 
+#: The KV tiers a worker's load may credit, in the order of the candidate table's TIER column.
+KV_TIERS = ("host", "disk", "shared")
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_tier_credit(text: str) -> dict[str, float]:
+    """``host=0.7,disk=0.2`` as a dict of the known tiers' credits, each clamped to [0, 1]; a malformed or
+    unknown entry is left out (credited 0)."""
+    out: dict[str, float] = {}
+    for pair in filter(None, text.split(",")):
+        name, _, value = pair.partition("=")
+        if name not in KV_TIERS:
+            continue
+        try:
+            credit = float(value)
+        except ValueError:
+            continue
+        if credit == credit:  # not NaN
+            out[name] = min(1.0, max(0.0, credit))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerQueue:
     """Where a worker's own tasks wait: its Celery queue and the exchange that queue is bound to.

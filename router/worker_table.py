@@ -36,7 +36,7 @@ from core.settings import RouterSettings
 from core.timing import TimingModel
 from router.inflight import Candidates, InflightStore, PackedRoster
 from router.prefix_index import owner_tag
-from router.registry import LiveWorker, WorkerRecord
+from router.registry import KV_TIERS, LiveWorker, WorkerLoad, WorkerRecord, parse_tier_credit
 from router.time_cost import DEFAULT_TIMING, timing_matrix
 
 #: Parsed step models, by the text a heartbeat carries (a worker's fit changes rarely; many share one).
@@ -87,6 +87,8 @@ class WorkerTable:
     step_models: list[str]
     coefficients: np.ndarray
     candidates: Candidates
+    #: Each candidate's KV tier credits (host, disk, shared), or None when no candidate has tiers.
+    tier_credit: np.ndarray | None = None
 
     def same_workers(self, workers: Sequence[LiveWorker]) -> bool:
         return len(workers) == len(self.given) and all(map(operator.is_, workers, self.given))
@@ -100,6 +102,22 @@ _step_model = operator.attrgetter("timing")
 def publishes_kv_events(record: WorkerRecord) -> bool:
     """Whether the worker's engine reports its cache (False: approximate mode, the routers guess)."""
     return record.kv_events
+
+
+def tier_credits(loads: Sequence[WorkerLoad]) -> np.ndarray | None:
+    """The candidates' KV tier credits, one row of host, disk and shared each (router.registry.parse_tier_credit),
+    or None when no candidate publishes any: the common case costs nothing."""
+    if not any(load.tier_credit for load in loads):
+        return None
+    return np.array([[parsed.get(t, 0.0) for t in KV_TIERS] for parsed in map(_parsed_credit, loads)])
+
+
+def _parsed_credit(load: WorkerLoad) -> dict[str, float]:
+    return parse_tier_credit(load.tier_credit)
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return a is None and b is None or a is not None and b is not None and np.array_equal(a, b)
 
 
 class TableBuilder:
@@ -137,8 +155,9 @@ class TableBuilder:
         timing = timing_matrix(coefficients, roster.budgets,
                                np.where(total != 0, total, roster.kv_blocks),  # a load that does not say: its registration's
                                column("running"), roster.sizes, column("cached_blocks"))
+        credits = tier_credits(loads)
         if last is not None and last.roster is roster and np.array_equal(last.active, active) \
-                and np.array_equal(last.timing, timing):
+                and np.array_equal(last.timing, timing) and _same(last.tier_credit, credits):
             # The same columns (an idle fleet between heartbeats that changed nothing): the same
             # table, already stored, over the new list's objects.
             table = dataclasses.replace(last, workers=tuple(ordered), given=tuple(workers))
@@ -148,9 +167,10 @@ class TableBuilder:
         table_id = f"{self._token}-{self._built}"
         table = WorkerTable(
             workers=tuple(ordered), given=tuple(workers), roster=roster, active=active, timing=timing,
-            step_models=step_models, coefficients=coefficients,
+            step_models=step_models, coefficients=coefficients, tier_credit=credits,
             candidates=self.inflight.candidates(model, roster.packed, active, timing, table_id,
-                                                replaces=last.candidates.table_id if last is not None else None))
+                                                replaces=last.candidates.table_id if last is not None else None,
+                                                tier_credit=credits))
         self._tables[key] = table
         return table
 

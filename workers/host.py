@@ -152,7 +152,7 @@ class EngineHost:
     async def _publish_kv_state(self, slot: int) -> None:
         """Make the index hold the engine's whole cache at ``slot`` (go-live, re-registration)."""
         if self.kv_events:
-            await self.kv.start(slot, self.engine.cached_block_hashes)
+            await self.kv.start(slot, self.engine.cached_block_hashes, self.engine.tier_block_hashes)
 
     def _make_record(self) -> WorkerRecord:
         info = self.engine.info

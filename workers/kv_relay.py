@@ -42,6 +42,12 @@ log = logging.getLogger(__name__)
 RETRY_DELAY_S = 0.5
 
 Snapshot = Callable[[], list[int]]
+#: What the worker's own KV tiers hold, by tier (``Engine.tier_block_hashes``; workers.kvbm).
+TierSnapshot = Callable[[], dict[str, list[int]]]
+
+
+def _no_tiers() -> dict[str, list[int]]:
+    return {}
 
 #: Why the relay rebuilt the index from the engine's cache to repair it (module docstring).
 ResyncReason = Literal["gap", "undecodable", "refused", "lease_lost", "redis_error"]
@@ -62,6 +68,7 @@ class KvRelay:
         self.slot = -1
         self.event_id = 0
         self._snapshot: Snapshot = list
+        self._tiers: TierSnapshot = _no_tiers
         self._pending: list[KvEvent] = []
         self._resync_needed = False
         #: Why the pending resync repairs the index (None: it is the go-live one, no repair).
@@ -72,11 +79,13 @@ class KvRelay:
         self._relay = BackgroundLoop("kv-relay", self._relay_pending, backoff=Backoff(first_s=RETRY_DELAY_S),
                                      on_error=self._failed)
 
-    async def start(self, slot: int, snapshot: Snapshot) -> None:
-        """(Re)publish the engine's whole cache at ``slot``; returns once the index holds it (or a Redis
-        failure deferred it to the relay's retries). Called at go-live and after every re-registration."""
+    async def start(self, slot: int, snapshot: Snapshot, tiers: TierSnapshot = _no_tiers) -> None:
+        """(Re)publish the engine's whole cache (and what its KV tiers hold, ``tiers``) at ``slot``; returns
+        once the index holds it (or a Redis failure deferred it to the relay's retries). Called at go-live
+        and after every re-registration."""
         self.slot = slot
         self._snapshot = snapshot
+        self._tiers = tiers
         self._request_resync("lease_lost" if self._started else None)
         self._started = True
         self._synced = asyncio.Event()
@@ -122,11 +131,13 @@ class KvRelay:
     async def _resync(self) -> None:
         self._pending = []  # the snapshot, taken on this loop, already reflects them
         hashes = self._snapshot()
+        tiers = self._tiers()
         self.event_id += 1
         reason, self._resync_reason = self._resync_reason, None
         self._resync_needed = False
         try:
-            written = await self.index.resync(self.worker_id, self.slot, self.model, hashes, self.event_id)
+            written = await self.index.resync(self.worker_id, self.slot, self.model, hashes, self.event_id,
+                                              tiers=tiers)
         except BaseException:
             self._request_resync(reason)
             raise

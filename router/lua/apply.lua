@@ -18,7 +18,11 @@ local prefix = ARGV[5]          -- the model's block key prefix
 local stream_maxlen = ARGV[6]
 local payload = ARGV[7]         -- '' = nothing to add to the stream
 local owner_tag = tonumber(ARGV[8])
-local FIRST_EVENT = 9           -- ARGV[9..]: 'S' .. hex (stored), 'R' .. hex (removed), 'C' (all cleared)
+local shared_ttl_ms = ARGV[9]   -- how long a shared-tier block is credited after it was stored
+-- ARGV[10..]: 'S' .. hex (stored), 'R' .. hex (removed), 'C' (the engine's cache cleared: its tiers stay);
+-- KV tiers: 'T' .. letter .. hex (stored in tier 'h' host or 'd' disk), 'U' .. letter .. hex (removed),
+-- 'G' .. hex (stored in the model's shared tier: keys of their own, no worker's), 'g' .. hex (gone from it).
+local FIRST_EVENT = 10
 
 local owner = redis.call('HGET', owners_key, slot)
 if owner and owner ~= worker_id then return {'busy', -1, 0, 0} end
@@ -45,8 +49,22 @@ for i = FIRST_EVENT, #ARGV do
     removed = removed + call_chunked('SREM', blocks_key, hs)
     for _, h in ipairs(hs) do clear(prefix .. h, slot) end
   elseif kind == 'C' then
-    for _, h in ipairs(redis.call('SMEMBERS', blocks_key)) do clear(prefix .. h, slot); removed = removed + 1 end
-    redis.call('DEL', blocks_key)
+    local gone = {}
+    for _, h in ipairs(redis.call('SMEMBERS', blocks_key)) do
+      if #h == 16 then clear(prefix .. h, slot); gone[#gone + 1] = h end
+    end
+    if #gone > 0 then removed = removed + call_chunked('SREM', blocks_key, gone) end
+  elseif kind == 'T' then
+    call_chunked('SADD', blocks_key, set_tier(prefix, string.sub(op, 2, 2), string.sub(op, 3), slot))
+  elseif kind == 'U' then
+    local letter, ms = string.sub(op, 2, 2), {}
+    for p = 3, #op, 16 do ms[#ms + 1] = letter .. string.sub(op, p, p + 15) end
+    call_chunked('SREM', blocks_key, ms)
+    for _, m in ipairs(ms) do clear(prefix .. m, slot) end
+  elseif kind == 'G' then
+    for p = 2, #op, 16 do redis.call('SET', prefix .. 'g' .. string.sub(op, p, p + 15), '1', 'PX', shared_ttl_ms) end
+  elseif kind == 'g' then
+    for p = 2, #op, 16 do redis.call('DEL', prefix .. 'g' .. string.sub(op, p, p + 15)) end
   end
 end
 redis.call('HSET', meta_key, 'eid', event_id, 'slot', slot, 'model', model, 'bprefix', prefix)

@@ -37,11 +37,12 @@ local ARG_COST_KIND = 17
 local ARG_SLOWDOWN_WEIGHT = 18
 local ARG_EVICTION_WEIGHT = 19
 local ARG_DRY = 20
-local ARG_NCHAINS = 21
-local FIRST_CHAIN_ARG = 22
+local ARG_TIERS = 21
+local ARG_NCHAINS = 22
+local FIRST_CHAIN_ARG = 23
 -- The candidate table's columns, as byte offsets for n candidates and nslots lookup entries:
 local function column_offsets(n, nslots)
-  return 0, 4 * n, 8 * n, 8 * n + 2 * nslots, 16 * n + 2 * nslots, 17 * n + 2 * nslots, 21 * n + 2 * nslots, 65 * n + 2 * nslots, 113 * n + 2 * nslots
+  return 0, 4 * n, 8 * n, 8 * n + 2 * nslots, 16 * n + 2 * nslots, 17 * n + 2 * nslots, 21 * n + 2 * nslots, 65 * n + 2 * nslots, 77 * n + 2 * nslots, 125 * n + 2 * nslots
 end
 -- END GENERATED
 local rid = ARGV[ARG_RID]
@@ -56,7 +57,7 @@ local n = tonumber(ARGV[ARG_N])                  -- candidates
 local nslots = tonumber(ARGV[ARG_NSLOTS])        -- entries of the slot lookup
 -- The candidate table (router.inflight.Candidates), one string of columns, each little-endian
 -- (router/decide_layout.py says what each holds).
-local SLOTS, ACTIVE, LOOKUP, SCALE, CHAIN, TAGS, TIMING, COLD, NAMES = column_offsets(n, nslots)
+local SLOTS, ACTIVE, LOOKUP, SCALE, CHAIN, TAGS, TIMING, TIER, COLD, NAMES = column_offsets(n, nslots)
 local model = ARGV[ARG_MODEL]
 local prefix = ARGV[ARG_PREFIX]  -- the model's block key prefix
 local approx_ttl_ms = tonumber(ARGV[ARG_APPROX_TTL_MS])
@@ -66,6 +67,7 @@ local cost_kind = ARGV[ARG_COST_KIND]  -- 'time' (router.time_cost) or 'blocks' 
 local slowdown_weight = tonumber(ARGV[ARG_SLOWDOWN_WEIGHT])
 local eviction_weight = tonumber(ARGV[ARG_EVICTION_WEIGHT])
 local dry = ARGV[ARG_DRY] == '1'  -- decide only: record, enqueue and settle nothing
+local tiered = ARGV[ARG_TIERS] == '1'  -- some candidate credits KV tiers: read them (else not a key more)
 local nchains = tonumber(ARGV[ARG_NCHAINS])
 -- Per chain c = 1..nchains: the prompt's length in blocks and its hex chain; then pending in-flight
 -- operations (pairs, as RELEASE takes them).
@@ -123,7 +125,7 @@ local again = not dry and undo(rid)
 if not dry then settle(sums_key, requests_key, expiry_key, ARGV, FIRST_PENDING, #ARGV) end
 
 local SPLIT = 8
-local unpack_at, byte, floor, band, rshift = struct.unpack, string.byte, math.floor, bit.band, bit.rshift
+local unpack_at, byte, floor, band, rshift, max = struct.unpack, string.byte, math.floor, bit.band, bit.rshift, math.max
 -- Per candidate i: SL[i] its slot, AC[i] its active blocks; with several block sizes SC[i] its scale
 -- and CH[i] its chain (with one, every scale is 1 and every chain 1).
 local SL = unpack_all('<i4', 4, string.sub(head, SLOTS + 1, ACTIVE))
@@ -145,22 +147,20 @@ local function holds(v, s)
   return x ~= nil and band(x, rshift(128, s % 8)) ~= 0
 end
 
-for c = 1, nchains do
-  local hex = chain_hex(c)
-  local count = #hex / 16
-  prompt[c] = chain_blocks(c)
-  local R = {}
+-- The leading run of chain c's blocks (hex, count of them) each candidate holds under key prefix kp, for
+-- the candidates of chain c holding its first block at a slot the index says is theirs: run[i].
+local function runs(kp, c, hex, count)
+  local R, run = {}, {}
   local function fetch(pos)
     local block_keys = {}
     for j = 1, #pos do
       local q = pos[j]
-      block_keys[j] = prefix .. string.sub(hex, 16 * q + 1, 16 * q + 16)
+      block_keys[j] = kp .. string.sub(hex, 16 * q + 1, 16 * q + 16)
     end
     local values = redis.call('MGET', unpack(block_keys))
     for j = 1, #pos do R[pos[j]] = values[j] end
   end
   if count > 0 then fetch(count > 1 and {0, count - 1} or {0}) end
-  -- The candidates of this chain holding its first block, at a slot the index says is theirs.
   local alive = {}
   local first = R[0]
   local nbytes = first and math.min(#first, floor((nslots + 7) / 8)) or 0
@@ -217,20 +217,60 @@ for c = 1, nchains do
     end
     table.sort(bounds)
     for _, i in ipairs(alive) do
-      local s, run = SL[i], count
+      local s, r = SL[i], count
       for _, b in ipairs(bounds) do
-        if not holds(R[b], s) then run = b; break end
+        if not holds(R[b], s) then r = b; break end
       end
-      overlap[i] = run
+      run[i] = r
+    end
+  end
+  return run
+end
+
+-- The leading run of chain c's blocks in the model's shared KV tier (keys kp .. hash that exist): a binary
+-- search, as the tier evicts a chain roughly from its tail.
+local function shared_run(kp, hex, count)
+  local lo, hi = 0, count  -- blocks [0, lo) are there; [hi, count) are not known to be
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    if redis.call('EXISTS', kp .. string.sub(hex, 16 * mid + 1, 16 * mid + 16)) == 1 then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+
+-- KV tiers (docs/routing.md, "KV tiers"): credit[i] is the overlap candidate i is credited with, its device
+-- run plus the blocks its tiers hold past it, each weighed by the tier's credit (TIER column: host, disk,
+-- shared, one float each); overlap[i] stays the device run.
+local credit = {}
+local TC = tiered and unpack_all('<f', 4, column(TIER, 12 * n)) or nil
+for c = 1, nchains do
+  local hex = chain_hex(c)
+  local count = #hex / 16
+  prompt[c] = chain_blocks(c)
+  local dev = runs(prefix, c, hex, count)
+  for i, r in pairs(dev) do overlap[i] = r end
+  if TC then
+    local host, disk = runs(prefix .. 'h', c, hex, count), runs(prefix .. 'd', c, hex, count)
+    local shared = shared_run(prefix .. 'g', hex, count)
+    for i = 1, n do
+      if chain_of(i) == c then
+        local b = 3 * (i - 1)
+        local r0 = dev[i] or 0
+        local r1 = max(r0, host[i] or 0)
+        local r2 = max(r1, disk[i] or 0)
+        local r3 = max(r2, shared)
+        credit[i] = r0 + TC[b + 1] * (r1 - r0) + TC[b + 2] * (r2 - r1) + TC[b + 3] * (r3 - r2)
+      end
     end
   end
 end
+local function credited(i) return credit[i] or overlap[i] or 0 end
 
 local sums = redis.call('GET', sums_key) or ''
 -- S[2s+1], S[2s+2]: decode and queued prefill sums of slot s (slots past the string read as 0).
 local top = math.min(nslots, floor(#sums / 8))
 local S = top > 0 and unpack_all('>I4', 4, string.sub(sums, 1, 8 * top)) or {}
-local costs, low, max, min, ceil = {}, math.huge, math.max, math.min, math.ceil
+local costs, low, min, ceil = {}, math.huge, math.min, math.ceil
 local ties = {}  -- the candidates of cost `low`, in order
 -- The time cost (router.time_cost, same order of operations): T[b + 1 .. b + 11] = p0, p1, p2, d0,
 -- d1, d2, step token budget, KV blocks, running requests, block size, cached blocks of candidate i
@@ -258,7 +298,7 @@ if not T and not SC then
     if s >= 0 and s < top then dsum, psum = S[2 * s + 1], S[2 * s + 2] end
     local busy = AC[i]
     if dsum > busy then busy = dsum end
-    local c = weight * (blocks - (overlap[i] or 0)) + weight * psum + busy
+    local c = weight * (blocks - credited(i)) + weight * psum + busy
     costs[i] = c
     if c < low then
       low, ties = c, {i}
@@ -275,7 +315,7 @@ for i = 1, (T or SC) and n or 0 do
   if T then
     local b = 11 * (i - 1)
     local bs = T[b + 10]
-    local blocks = prompt[chain] - (overlap[i] or 0)
+    local blocks = prompt[chain] - credited(i)
     local own = max(blocks * bs, 1)
     local q = psum * bs
     local busy = max(AC[i], dsum)
@@ -290,7 +330,7 @@ for i = 1, (T or SC) and n or 0 do
     c = ttft + slowdown_weight * slowdown + eviction_weight * (evicted * bs * T[b + 2])
   else
     local sw = scale * weight
-    c = sw * (prompt[chain] - (overlap[i] or 0)) + sw * psum + scale * max(AC[i], dsum)
+    c = sw * (prompt[chain] - credited(i)) + sw * psum + scale * max(AC[i], dsum)
   end
   costs[i] = c
   if c < low then
@@ -319,7 +359,7 @@ if dry then return {chosen, cost, ov, ''} end
 local cap, approx_no, woff, wlen, qoff, qlen = unpack_at('<dddddd', column(COLD + 48 * (chosen - 1), 48))
 local wid = column(NAMES + woff, wlen)
 local s, c = SL[chosen], chain_of(chosen)
-local d, p = prompt[c], prompt[c] - ov
+local d, p = prompt[c], prompt[c] - floor(credited(chosen))
 redis.call('HSET', requests_key, rid, string.format('%d %d %d ', s, d, p) .. wid)
 add_sums(sums_key, s, d, p)
 redis.call('ZADD', expiry_key, now + prediction_ttl_ms, rid)

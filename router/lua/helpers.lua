@@ -33,6 +33,20 @@ local function set_chain(prefix, hex, slot)
   return hs
 end
 
+-- KV tiers below a worker's cache (docs/kvbm.md): a host or disk tier block is a bit at the worker's slot
+-- under prefix .. letter .. hash ('h' host, 'd' disk), listed in the worker's set as letter .. hash, so
+-- that purging and clearing the worker take them too; a device block is a bare 16-digit hash.
+-- Sets the worker's bit on every block of a hex chain in one tier; returns the set members.
+local function set_tier(prefix, letter, hex, slot)
+  local ms = {}
+  for p = 1, #hex, 16 do
+    local m = letter .. string.sub(hex, p, p + 15)
+    redis.call('SETBIT', prefix .. m, slot, 1)
+    ms[#ms + 1] = m
+  end
+  return ms
+end
+
 local function claim(owners, tags, slot, wid, tag)
   redis.call('HSET', owners, slot, wid)
   redis.call('SETRANGE', tags, slot * 4, struct.pack('>I4', tag))

@@ -21,6 +21,8 @@ local owner_tag = tonumber(ARGV[8])
 local replace = ARGV[9] == '1'  -- drop the worker's previous state first (else add to it)
 local max_inline_drop = tonumber(ARGV[10])
 local chain_hex = ARGV[11]      -- the blocks to add
+local host_hex = ARGV[12] or ''  -- the blocks to add in the worker's host and disk tiers (docs/kvbm.md)
+local disk_hex = ARGV[13] or ''
 
 local owner = redis.call('HGET', owners_key, slot)
 if owner and owner ~= worker_id then return {'busy', owner} end
@@ -31,6 +33,8 @@ if replace then
   if old_slot and old_slot ~= slot then unclaim(owners_key, tags_key, old_slot, worker_id) end
 end
 local added = call_chunked('SADD', blocks_key, set_chain(prefix, chain_hex, slot))
+if host_hex ~= '' then call_chunked('SADD', blocks_key, set_tier(prefix, 'h', host_hex, slot)) end
+if disk_hex ~= '' then call_chunked('SADD', blocks_key, set_tier(prefix, 'd', disk_hex, slot)) end
 redis.call('HSET', meta_key, 'eid', event_id, 'slot', slot, 'model', model, 'bprefix', prefix)
 if not owner then claim(owners_key, tags_key, slot, worker_id, owner_tag) end
 if payload ~= '' then

@@ -58,7 +58,8 @@ async def test_a_packed_call_puts_every_value_at_its_names_position() -> None:
     store = InflightStore(None, keys, 30.0, channel=channel)  # type: ignore[arg-type]
     roster = store.roster("m", ["w0", "w1"], ["q.w0", "q.w1"], np.array([0, 5]), np.array([1.0, 2.0]),
                           np.array([0, 1]), np.array([0, 0]), np.array([11, 22], dtype=np.uint32))
-    candidates = store.candidates("m", roster, np.array([7, 9]), np.zeros((2, 11)), "t1")
+    candidates = store.candidates("m", roster, np.array([7, 9]), np.zeros((2, 11)), "t1",
+                                  tier_credit=np.array([[0.5, 0.25, 0.0], [0.0, 0.0, 0.75]]))
     decision = await store.decide("m", "r1", candidates, [[1, 2], [3]], [2, 1], weight=1.5, temperature=0.25,
                                   u=0.125, pinned=1, approx_ttl_s=2.0, task=TaskParts(b"H", b"T"),
                                   settle=[("old", "all")], time_weights=TimeWeights(0.5, 0.75))
@@ -70,7 +71,7 @@ async def test_a_packed_call_puts_every_value_at_its_names_position() -> None:
         "weight": b"1.5", "table_ttl_ms": value["table_ttl_ms"], "sent": b"", "n": b"2", "nslots": b"6",
         "model": b"m", "prefix": keys.kv_block_prefix("m").encode(), "approx_ttl_ms": b"2000",
         "task_head": b"H", "task_tail": b"T", "broker_prefix": keys.broker_prefix.encode(), "cost_kind": b"time",
-        "slowdown_weight": b"0.5", "eviction_weight": b"0.75", "dry": b"0", "nchains": b"2"}
+        "slowdown_weight": b"0.5", "eviction_weight": b"0.75", "dry": b"0", "tiers": b"1", "nchains": b"2"}
     assert args[FIRST_CHAIN_ARG - 1:] == [b"2", f"{1:016x}{2:016x}".encode(), b"1", f"{3:016x}".encode(),
                                           b"old", b"all"]
     table = value["sent"]  # the first decision over a table sends it
@@ -81,4 +82,5 @@ async def test_a_packed_call_puts_every_value_at_its_names_position() -> None:
     assert struct.unpack_from("<2d", table, at["SCALE"]) == (1.0, 2.0)
     assert struct.unpack_from("<2B", table, at["CHAIN"]) == (1, 2)
     assert struct.unpack_from("<2I", table, at["TAGS"]) == (11, 22)
+    assert struct.unpack_from("<6f", table, at["TIER"]) == (0.5, 0.25, 0.0, 0.0, 0.0, 0.75)
     assert table[at["NAMES"]:] == b"w0q.w0w1q.w1"
