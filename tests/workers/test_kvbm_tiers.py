@@ -21,6 +21,11 @@ def payload(h: int) -> bytes:
     return h.to_bytes(8, "little") * (BLOCK // 8)
 
 
+def chain_blocks(hashes: list[int]) -> list[tuple[int, bytes, int | None]]:
+    """One chain's blocks as the tiers take them: each with its parent, the first a root."""
+    return [(h, payload(h), up) for h, up in zip(hashes, [None, *hashes[:-1]], strict=True)]
+
+
 def test_a_frame_reads_back_only_as_the_block_it_was_sealed_for() -> None:
     frame = seal(7, b"kv bytes")
     assert unseal(7, frame) == b"kv bytes"
@@ -34,7 +39,7 @@ def test_a_frame_reads_back_only_as_the_block_it_was_sealed_for() -> None:
 
 def test_the_host_tier_keeps_its_budget_and_evicts_the_least_recently_used() -> None:
     host = HostTier(3 * FRAME, FRAME)
-    for h in (1, 2, 3):
+    for h in (1, 2, 3):  # three chains of one block each
         assert host.put(h, seal(h, payload(h))) == (True, [])
     host.get(1)
     taken, evicted = host.put(4, seal(4, payload(4)))
@@ -43,32 +48,44 @@ def test_the_host_tier_keeps_its_budget_and_evicts_the_least_recently_used() -> 
     assert host.used_bytes == 3 * FRAME <= host.budget_bytes
 
 
+def test_the_host_tier_stays_prefix_closed_evicting_chains_from_their_tails() -> None:
+    host = HostTier(4 * FRAME, FRAME)
+    for h, up in ((1, None), (2, 1), (3, 2), (4, 3)):  # one chain of four
+        assert host.put(h, seal(h, payload(h)), up)[0]
+    host.get(1)  # its head is the most recently used, but a head cannot go before its tail
+    assert host.put(5, seal(5, payload(5)), None) == (True, [4])
+    assert host.put(6, seal(6, payload(6)), 99) == (False, [])  # its parent is not held: never taken
+    assert host.discard(2) == [3, 2]  # a dropped block takes its descendants along, deepest first
+    assert sorted(host.hashes()) == [1, 5]
+
+
 def test_one_off_blocks_do_not_flush_a_hot_prefix_from_a_full_host_tier() -> None:
     host = HostTier(4 * FRAME, FRAME)
     hot = [1, 2, 3, 4]
     for _ in range(3):
-        for h in hot:
-            host.put(h, seal(h, payload(h)))
+        for h, up in zip(hot, [None, *hot[:-1]], strict=True):
+            host.put(h, seal(h, payload(h)), up)
             host.get(h)
     for h in range(100, 140):  # a long one-off prompt
-        taken, _ = host.put(h, seal(h, payload(h)))
+        taken, _ = host.put(h, seal(h, payload(h)), h - 1 if h > 100 else None)
         assert not taken
     assert sorted(host.hashes()) == hot
 
 
 def test_the_disk_tier_survives_a_restart_and_drops_a_damaged_or_unfinished_file(tmp_path: Path) -> None:
     disk = DiskTier(tmp_path, "m-64", 10 * FRAME, FRAME)
-    for h in range(5):
-        disk.put(h, seal(h, payload(h)))
-    (disk.dir / "0000000000000009.kv.123.tmp").write_bytes(b"half")
+    for h in range(5):  # one chain: 0 <- 1 <- 2 <- 3 <- 4
+        assert disk.put(h, seal(h, payload(h)), h - 1 if h else None)[0]
+    (disk.dir / "0000000000000009-root.kv.123.tmp").write_bytes(b"half")
+    (disk.dir / f"{7:016x}-{8:016x}.kv").write_bytes(seal(7, payload(7)))  # its parent's file is gone
     again = DiskTier(tmp_path, "m-64", 10 * FRAME, FRAME)
-    assert sorted(again.hashes()) == list(range(5))
-    assert not list(again.dir.glob("*.tmp"))
+    assert sorted(again.hashes()) == list(range(5)) and again.parent_of(3) == 2
+    assert not list(again.dir.glob("*.tmp")) and not list(again.dir.glob(f"{7:016x}-*"))
     assert unseal(3, again.get(3)) == payload(3)
     other_scope = DiskTier(tmp_path, "other-64", 10 * FRAME, FRAME)
     assert len(other_scope) == 0
-    smaller = DiskTier(tmp_path, "m-64", 2 * FRAME, FRAME)  # a smaller budget after a restart: oldest go
-    assert len(smaller) == 2 and len(list(smaller.dir.glob("*.kv"))) == 2
+    smaller = DiskTier(tmp_path, "m-64", 2 * FRAME, FRAME)  # a smaller budget after a restart: tails go
+    assert sorted(smaller.hashes()) == [0, 1] and len(list(smaller.dir.glob("*.kv"))) == 2
 
 
 def _settings(**kw: object) -> KvbmSettings:
@@ -78,7 +95,7 @@ def _settings(**kw: object) -> KvbmSettings:
 def test_offloaded_blocks_onboard_from_host_verified_and_are_announced(tmp_path: Path) -> None:
     tiers = KvTiers(_settings(host_bytes=8 * FRAME), scope="m", block_bytes=BLOCK)
     try:
-        tiers.offload([(h, payload(h)) for h in (10, 11, 12)])
+        tiers.offload(chain_blocks([10, 11, 12]))
         assert tiers.flush()
         events = tiers.take_events()
         assert [(e.tier, e.stored, e.block_hashes) for e in events] == [("host", True, [10, 11, 12])]
@@ -94,7 +111,7 @@ def test_offloaded_blocks_onboard_from_host_verified_and_are_announced(tmp_path:
 def test_the_host_budget_is_respected_and_evictions_are_announced() -> None:
     tiers = KvTiers(_settings(host_bytes=4 * FRAME), scope="m", block_bytes=BLOCK)
     try:
-        tiers.offload([(h, payload(h)) for h in range(10)])
+        tiers.offload(chain_blocks(list(range(10))))
         assert tiers.flush()
         held = tiers.held()["host"]
         assert held == (4, 4 * FRAME)
@@ -109,10 +126,10 @@ def test_the_host_budget_is_respected_and_evictions_are_announced() -> None:
 def test_a_corrupt_disk_block_ends_the_run_and_is_recomputed(tmp_path: Path) -> None:
     tiers = KvTiers(_settings(disk_dir=str(tmp_path), disk_bytes=16 * FRAME), scope="m", block_bytes=BLOCK)
     try:
-        tiers.offload([(h, payload(h)) for h in (1, 2, 3, 4)])
+        tiers.offload(chain_blocks([1, 2, 3, 4]))
         assert tiers.flush()
         assert tiers.disk is not None
-        path = tiers.disk.dir / f"{3:016x}.kv"
+        (path,) = tiers.disk.dir.glob(f"{3:016x}-*.kv")
         damaged = bytearray(path.read_bytes())
         damaged[-1] ^= 0xFF
         path.write_bytes(bytes(damaged))
@@ -120,8 +137,8 @@ def test_a_corrupt_disk_block_ends_the_run_and_is_recomputed(tmp_path: Path) -> 
         read = tiers.onboard([1, 2, 3, 4])
         assert len(read) == 2 and read.stopped == "corrupt"
         assert tiers.stats.recomputes["corrupt"] == 1
-        assert 3 not in tiers.disk
-        assert [(e.tier, e.stored, e.block_hashes) for e in tiers.take_events()] == [("disk", False, [3])]
+        assert 3 not in tiers.disk and 4 not in tiers.disk  # with the block after it, which hung from it
+        assert [(e.tier, e.stored, e.block_hashes) for e in tiers.take_events()] == [("disk", False, [4, 3])]
     finally:
         tiers.close()
 
@@ -129,7 +146,7 @@ def test_a_corrupt_disk_block_ends_the_run_and_is_recomputed(tmp_path: Path) -> 
 def test_a_restarted_worker_comes_back_warm_from_its_disk_tier(tmp_path: Path) -> None:
     settings = _settings(disk_dir=str(tmp_path), disk_bytes=16 * FRAME)
     first = KvTiers(settings, scope="m", block_bytes=BLOCK)
-    first.offload([(h, payload(h)) for h in (1, 2, 3)])
+    first.offload(chain_blocks([1, 2, 3]))
     assert first.flush()
     first.close()
     second = KvTiers(settings, scope="m", block_bytes=BLOCK)
@@ -146,7 +163,7 @@ def test_any_worker_onboards_from_the_shared_tier(redis_server: RedisServer, nam
     writer = KvTiers(settings, scope=namespace, block_bytes=BLOCK)
     reader = KvTiers(_settings(redis_url=redis_server.url, host_bytes=8 * FRAME), scope=namespace, block_bytes=BLOCK)
     try:
-        writer.offload([(h, payload(h)) for h in (5, 6, 7)])
+        writer.offload(chain_blocks([5, 6, 7]))
         assert writer.flush()
         assert [(e.tier, e.block_hashes) for e in writer.take_events()] == [("shared", [5, 6, 7])]
         assert reader.lookup([5, 6, 7, 8]) == 3
@@ -163,7 +180,7 @@ def test_a_down_shared_tier_costs_a_recompute_quickly_not_an_error() -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
     tiers = KvTiers(_settings(redis_url=dead, timeout_ms=100), scope="m", block_bytes=BLOCK)
     try:
-        tiers.offload([(1, payload(1))])
+        tiers.offload(chain_blocks([1]))
         assert tiers.flush()
         start = time.monotonic()
         read = tiers.onboard([1, 2])
@@ -183,7 +200,7 @@ def test_a_full_offload_queue_drops_blocks_and_never_waits() -> None:
     tiers = KvTiers(_settings(host_bytes=64 * FRAME, offload_queue_blocks=1), scope="m", block_bytes=BLOCK)
     try:
         start = time.monotonic()
-        tiers.offload([(h, payload(h)) for h in range(200)])
+        tiers.offload([(h, payload(h), None) for h in range(200)])
         assert time.monotonic() - start < 0.5
         assert tiers.flush()
         taken = tiers.stats.offloaded_bytes["host"] // FRAME
@@ -205,7 +222,7 @@ def test_the_worker_exports_each_tiers_metrics(tmp_path: Path) -> None:
     assert b"kv_tier" not in generate_latest(metrics.registry)  # an engine without tiers exports none
     current[0] = tiers
     try:
-        tiers.offload([(h, payload(h)) for h in (1, 2)])
+        tiers.offload(chain_blocks([1, 2]))
         assert tiers.flush()
         tiers.onboard([1, 2, 3])
         text = generate_latest(metrics.registry).decode()

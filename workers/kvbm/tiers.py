@@ -45,6 +45,8 @@ class TierEvent:
     tier: str
     stored: bool
     block_hashes: list[int]
+    #: Of stored blocks: each one's parent (None at a chain's root), aligned with ``block_hashes``.
+    parents: list[int | None] | None = None
 
 
 @dataclass(slots=True)
@@ -73,14 +75,19 @@ class TierReport:
     prior_onboard_s: dict[str, float]
 
 
+#: A block handed to the tiers: its hash, its KV bytes and its chain's parent (None at a chain's root).
+Block = tuple[int, bytes, int | None]
+
+
 class LocalTier(Protocol):
     name: str
 
     def __contains__(self, block_hash: int) -> bool: ...
     def __len__(self) -> int: ...
     def get(self, block_hash: int) -> bytes | None: ...
-    def put(self, block_hash: int, frame: bytes) -> tuple[bool, list[int]]: ...
-    def discard(self, block_hash: int) -> bool: ...
+    def put(self, block_hash: int, frame: bytes, parent: int | None = None) -> tuple[bool, list[int]]: ...
+    def discard(self, block_hash: int) -> list[int]: ...
+    def parent_of(self, block_hash: int) -> int | None: ...
     def hashes(self) -> list[int]: ...
     def clear(self) -> list[int]: ...
 
@@ -102,13 +109,14 @@ class KvTiers:
         self.local: list[LocalTier] = [t for t in (self.host, self.disk) if t is not None]
         self._events: list[TierEvent] = []
         self._events_lock = threading.Lock()
-        self._pending: queue.Queue[tuple[int, bytes] | None] = queue.Queue(settings.offload_queue_blocks)
+        self._pending: queue.Queue[Block | None] = queue.Queue(settings.offload_queue_blocks)
         self.inline = inline
         self._thread = threading.Thread(target=self._offload_loop, name="kvbm-offload", daemon=True)
         if not inline:
             self._thread.start()
         if self.disk is not None and len(self.disk):
-            self._event("disk", True, self.disk.hashes())
+            held = self.disk.hashes()
+            self._event("disk", True, held, [self.disk.parent_of(h) for h in held])
 
     @classmethod
     def open(cls, settings: KvbmSettings, *, scope: str, block_bytes: int) -> KvTiers | None:
@@ -120,8 +128,9 @@ class KvTiers:
         return [t.name for t in self.local] + (["shared"] if self.shared is not None else [])
 
     # ---- offload ----------------------------------------------------------------------------------
-    def offload(self, blocks: Sequence[tuple[int, bytes]]) -> None:
-        """Hand full blocks (hash, payload) to the offload thread; never waits (a full queue drops them)."""
+    def offload(self, blocks: Sequence[Block]) -> None:
+        """Hand full blocks (hash, payload, parent), each chain in order, to the offload thread; never waits
+        (a full queue drops them, and a block whose parent a tier does not hold is not taken there)."""
         if self.inline:
             self._write(list(blocks))
             return
@@ -149,7 +158,7 @@ class KvTiers:
     def _offload_loop(self) -> None:
         while True:
             item = self._pending.get()
-            batch: list[tuple[int, bytes]] = []
+            batch: list[Block] = []
             stop = item is None
             if item is not None:
                 batch.append(item)
@@ -172,36 +181,37 @@ class KvTiers:
             if stop:
                 return
 
-    def _write(self, batch: list[tuple[int, bytes]]) -> None:
-        frames = [(h, seal(h, payload)) for h, payload in batch]
+    def _write(self, batch: list[Block]) -> None:
+        frames = [(h, seal(h, payload), parent) for h, payload, parent in batch]
         for tier in self.local:
             stored: list[int] = []
             evicted: list[int] = []
-            for h, frame in frames:
+            for h, frame, parent in frames:
                 if h in tier:
                     if tier is self.host:
                         tier.get(h)  # a repeat offer counts as a use for the frequency filter
                     continue
-                taken, gone = tier.put(h, frame)
+                taken, gone = tier.put(h, frame, parent)
                 if taken:
                     stored.append(h)
                     self.stats.offloaded(tier.name, self.frame_bytes)
                 evicted.extend(gone)
-            self._stored_and_evicted(tier.name, stored, evicted)
+            self._stored_and_evicted(tier, stored, evicted)
         if self.shared is not None and frames:
             try:
-                self.shared.put_many(frames)
+                self.shared.put_many([(h, frame) for h, frame, _parent in frames])
             except TierDown:
                 return
-            for _h, frame in frames:
+            for _h, frame, _parent in frames:
                 self.stats.offloaded("shared", len(frame))
-            self._event("shared", True, [h for h, _ in frames])
+            self._event("shared", True, [h for h, _frame, _parent in frames])
 
-    def _stored_and_evicted(self, tier: str, stored: list[int], evicted: list[int]) -> None:
+    def _stored_and_evicted(self, tier: LocalTier, stored: list[int], evicted: list[int]) -> None:
         """One batch's changes as events: a block both stored and evicted in it was never announced."""
         new, gone = set(stored), set(evicted)
-        self._event(tier, False, [h for h in evicted if h not in new])
-        self._event(tier, True, [h for h in stored if h not in gone])
+        self._event(tier.name, False, [h for h in evicted if h not in new])
+        kept = [h for h in stored if h not in gone]
+        self._event(tier.name, True, kept, [tier.parent_of(h) for h in kept])
 
     def touch(self, block_hashes: Sequence[int]) -> None:
         """A request reused these blocks from the engine's cache: they are hot (the host tier's filter)."""
@@ -229,8 +239,10 @@ class KvTiers:
             n += 1
         return n
 
-    def onboard(self, block_hashes: Sequence[int]) -> TierRead:
-        """Read the leading run of ``block_hashes`` the tiers hold, verified, within ``timeout_ms``."""
+    def onboard(self, block_hashes: Sequence[int], parent: int | None = None) -> TierRead:
+        """Read the leading run of ``block_hashes`` the tiers hold, verified, within ``timeout_ms``.
+        ``parent``: the block before the first one (None: the first starts its chain), so that what is read
+        from disk or the shared tier can join the host tier."""
         start = time.monotonic()
         deadline = start + self.settings.timeout_ms / 1000.0
         read = TierRead()
@@ -245,8 +257,7 @@ class KvTiers:
             payload = unseal(h, tier.get(h))
             per_tier[tier.name] = per_tier.get(tier.name, 0.0) + time.monotonic() - t0
             if payload is None:
-                tier.discard(h)
-                self._event(tier.name, False, [h])
+                self._event(tier.name, False, tier.discard(h))
                 self.stats.recomputed("corrupt")
                 read.stopped = "corrupt"
                 break
@@ -268,8 +279,10 @@ class KvTiers:
         if read.stopped in ("timeout", "down"):
             self.stats.recomputed(read.stopped, len(block_hashes) - len(read))
         read.seconds = time.monotonic() - start
-        if self.host is not None:
-            promote = [(h, p) for h, p, t in zip(block_hashes, read.payloads, read.tiers, strict=False) if t != "host"]
+        if self.host is not None and read.payloads:
+            parents = [parent, *block_hashes[: len(read) - 1]]
+            promote = [(h, p, up) for h, p, t, up in zip(block_hashes, read.payloads, read.tiers, parents, strict=False)
+                       if t != "host"]
             if promote:
                 self.offload(promote)
         return read
@@ -313,11 +326,12 @@ class KvTiers:
             events, self._events = self._events, []
             return events
 
-    def _event(self, tier: str, stored: bool, block_hashes: list[int]) -> None:
+    def _event(self, tier: str, stored: bool, block_hashes: list[int],
+               parents: list[int | None] | None = None) -> None:
         if not block_hashes:
             return
         with self._events_lock:
-            self._events.append(TierEvent(tier, stored, block_hashes))
+            self._events.append(TierEvent(tier, stored, block_hashes, parents))
 
     def held(self) -> dict[str, tuple[int, int]]:
         """Per local tier: blocks held and their bytes."""

@@ -284,7 +284,7 @@ class MockerEngine(Engine):
 
         async def onboard() -> None:
             try:
-                blocks = await tiers.onboard(rest)
+                blocks = await tiers.onboard(rest, req.chain[hit - 1] if hit else None)
             except Exception:  # noqa: BLE001 - a failed read is a recompute, never an error to the client
                 log.exception("mocker KV onboard failed; recomputing")
                 blocks = 0

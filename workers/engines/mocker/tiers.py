@@ -20,7 +20,7 @@ from core.settings import KvbmSettings, MockerSettings
 from workers.engines.base import EngineKvEvent, KvEventSink, emit_kv_events
 from workers.engines.mocker.timing import prefill_ms
 from workers.kvbm.credit import configured_onboard_s, format_credits, tier_credits
-from workers.kvbm.tiers import KvTiers, TierEvent
+from workers.kvbm.tiers import Block, KvTiers, TierEvent
 
 #: How often tier changes made off the event loop (the offload thread's) are sent on when no step runs.
 EVENT_PUMP_S = 0.05
@@ -32,12 +32,26 @@ def stand_in(block_hash: int) -> bytes:
 
 
 def kv_events(changes: Sequence[TierEvent]) -> list[KvEvent]:
-    """Tier changes as the index's KV events."""
+    """Tier changes as the index's KV events: stored blocks as one event per run of a chain (each block the
+    child of the one before it), with the run's parent, as the engine's own events are."""
     out: list[KvEvent] = []
     for c in changes:
         tier = cast(KvTier, c.tier)
-        out.append(BlockStored(block_hashes=list(c.block_hashes), tier=tier) if c.stored
-                   else BlockRemoved(block_hashes=list(c.block_hashes), tier=tier))
+        if not c.stored:
+            out.append(BlockRemoved(block_hashes=list(c.block_hashes), tier=tier))
+            continue
+        parents = c.parents if c.parents is not None else [None] * len(c.block_hashes)
+        run: list[int] = []
+        first_parent: int | None = None
+        for h, up in zip(c.block_hashes, parents, strict=True):
+            if run and up == run[-1]:
+                run.append(h)
+                continue
+            if run:
+                out.append(BlockStored(block_hashes=run, parent_hash=first_parent, tier=tier))
+            run, first_parent = [h], up
+        if run:
+            out.append(BlockStored(block_hashes=run, parent_hash=first_parent, tier=tier))
     return out
 
 
@@ -56,8 +70,11 @@ class MockerTiers:
         self._sink = sink
 
         def tiered(events: Sequence[EngineKvEvent]) -> None:
-            offload = [(h, stand_in(h)) for e in events if isinstance(e, BlockStored) and e.tier == "device"
-                       for h in e.block_hashes]
+            offload: list[Block] = []
+            for e in events:
+                if isinstance(e, BlockStored) and e.tier == "device":
+                    parents = [e.parent_hash, *e.block_hashes[:-1]]
+                    offload.extend((h, stand_in(h), up) for h, up in zip(e.block_hashes, parents, strict=True))
             if offload:
                 self.store.offload(offload)
             emit_kv_events(sink, [*events, *kv_events(self.store.take_events())])
@@ -79,16 +96,16 @@ class MockerTiers:
         """Whether an onboard could find anything (the shared tier is asked off the loop, so it may)."""
         return bool(chain) and (self.store.shared is not None or any(chain[0] in t for t in self.store.local))
 
-    async def onboard(self, chain: Sequence[int]) -> int:
-        """Read the leading run of ``chain`` the tiers hold and wait its simulated time; returns the blocks
-        read (0 when none: the request recomputes)."""
+    async def onboard(self, chain: Sequence[int], parent: int | None) -> int:
+        """Read the leading run of ``chain`` (whose first block's parent is ``parent``) the tiers hold and
+        wait its simulated time; returns the blocks read (0 when none: the request recomputes)."""
         if self.store.inline:  # a simulation: the read happens at once, then exactly the simulated time passes
-            read = self.store.onboard(list(chain))
+            read = self.store.onboard(list(chain), parent)
             if read.payloads:
                 await asyncio.sleep(self.simulated_s(read.tiers))
             return len(read.payloads)
         start = time.monotonic()
-        read = await asyncio.to_thread(self.store.onboard, list(chain))
+        read = await asyncio.to_thread(self.store.onboard, list(chain), parent)
         if not read.payloads:
             return 0
         await asyncio.sleep(max(0.0, self.simulated_s(read.tiers) - (time.monotonic() - start)))

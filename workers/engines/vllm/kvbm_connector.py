@@ -59,7 +59,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from core.settings import KvbmSettings
 from router.hashing import block_hashes, root_hash
 from workers.engines.vllm.kv_events import MEDIUM_PREFIX
-from workers.kvbm.tiers import KvTiers
+from workers.kvbm.tiers import Block, KvTiers
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -91,6 +91,7 @@ class _Load:
     req_id: str
     block_ids: list[int]
     hashes: list[int]
+    parent: int | None = None  # the hash of the block before the first (None: the chain's root)
 
 
 @dataclass(slots=True)
@@ -98,6 +99,7 @@ class _Save:
     req_id: str
     block_ids: list[int]
     hashes: list[int]
+    parent: int | None = None  # the hash of the block before the first (None: the chain's root)
 
 
 @dataclass
@@ -337,7 +339,7 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
         if self.tiers is None or self._copier is None:
             return 0
         try:
-            read = self.tiers.onboard(load.hashes)
+            read = self.tiers.onboard(load.hashes, load.parent)
             for block_id, payload in zip(load.block_ids, read.payloads, strict=False):
                 self._copier.write(block_id, payload)
         except Exception:  # noqa: BLE001 - an onboard that fails is a recompute, never the request's error
@@ -361,11 +363,13 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
         failed, self._failed_reqs = self._failed_reqs, set()
         if self.tiers is None or self._copier is None or not meta.saves:
             return
-        blocks: list[tuple[int, bytes]] = []
+        blocks: list[Block] = []
         for save in meta.saves:
             if save.req_id in failed:
                 continue  # its KV attended to blocks that were not loaded
-            blocks.extend((h, self._copier.read(b)) for b, h in zip(save.block_ids, save.hashes, strict=True))
+            parents = [save.parent, *save.hashes[:-1]]
+            blocks.extend((h, self._copier.read(b), up)
+                          for b, h, up in zip(save.block_ids, save.hashes, parents, strict=True))
         if blocks:
             self.tiers.offload(blocks)
 
@@ -457,7 +461,8 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
         if state.load is not None:
             first, n = state.load
             state.load = None
-            meta.loads.append(_Load(req_id, block_ids[first:first + n], self._hashes(state, first + n)[first:]))
+            hashes = self._hashes(state, first + n)
+            meta.loads.append(_Load(req_id, block_ids[first:first + n], hashes[first:], hashes[first - 1] if first else None))
         if fresh:
             state.saved_upto = computed // b  # vLLM's hit and what this step onboards are not offloaded again
         start = min(state.saved_upto, computed // b)  # a recompute after a failed load lowers ``computed``
@@ -465,7 +470,7 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
         if end <= start:
             return
         hashes = self._hashes(state, end)
-        meta.saves.append(_Save(req_id, block_ids[start:end], hashes[start:end]))
+        meta.saves.append(_Save(req_id, block_ids[start:end], hashes[start:end], hashes[start - 1] if start else None))
         state.saved_upto = end
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
