@@ -41,7 +41,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bench.devstack import RedisServer, Stack
+from bench.devstack import RedisServer, Stack, wait_until
 from bench.sse_trace import Trace, stream_trace
 from bench.stats import pct
 from core.settings import Settings
@@ -246,6 +246,8 @@ def _restart(model_dir: Path, args: argparse.Namespace, tmp: Path, console: Cons
         time.sleep(3.0)  # the offload to disk completes
         stack.kill("w1")
         stack.procs.pop("w1")  # gone for good: the stack's readiness check must not count it
+        # Its registration outlives it by a lease: wait for it to go, so the prompt reaches the new worker.
+        wait_until(lambda: stack.ready_workers().get(MODEL, 0) == 0, 60, "the killed worker's lease to end")
         stack.start_worker("w2")
         stack.wait_ready(MODEL, 1, timeout=START_TIMEOUT_S)
         warm = asyncio.run(once())

@@ -234,3 +234,30 @@ def test_the_worker_exports_each_tiers_metrics(tmp_path: Path) -> None:
         assert 'sluice_worker_kv_tier_recomputes_total{reason="corrupt"} 0.0' in text
     finally:
         tiers.close()
+
+
+def test_a_tier_is_credited_what_an_onboard_saves_against_a_recompute() -> None:
+    from workers.kvbm.credit import format_credits, tier_credits
+
+    credits = tier_credits({"host": 0.1, "disk": 0.5, "shared": 2.0}, prefill_s_per_block=1.0)
+    assert credits == {"host": 0.9, "disk": 0.5, "shared": 0.0}  # slower than recomputing: nothing
+    assert format_credits(credits) == "host=0.900,disk=0.500,shared=0.000"
+    assert tier_credits({"host": 0.1}, prefill_s_per_block=0.0) == {"host": 0.0}
+
+
+def test_measured_onboards_replace_the_configured_prior(tmp_path: Path) -> None:
+    from core.timing import TimingModel
+    from workers.kvbm.credit import measured_credit
+
+    tiers = KvTiers(_settings(host_bytes=8 * FRAME, host_gb_per_s=1e-6), scope="m", block_bytes=BLOCK)
+    try:
+        timing = TimingModel((0.0, 1.0, 0.0), (0.0, 0.0, 0.0))  # 1 ms a token: 16 ms a 16-token block
+        assert measured_credit(tiers.report(), None, 16) == ""  # no step-time model yet
+        assert measured_credit(tiers.report(), timing, 16) == "host=0.000"  # the prior: 64 s a block
+        tiers.offload(chain_blocks([1, 2]))
+        assert tiers.flush()
+        tiers.onboard([1, 2])  # measured: microseconds a block
+        credit = float(measured_credit(tiers.report(), timing, 16).split("=")[1])
+        assert 0.9 < credit <= 1.0
+    finally:
+        tiers.close()
