@@ -261,3 +261,4 @@ def test_measured_onboards_replace_the_configured_prior(tmp_path: Path) -> None:
         assert 0.9 < credit <= 1.0
     finally:
         tiers.close()
+

@@ -87,6 +87,7 @@ from workers.engines.base import (
     emit_step,
 )
 from workers.engines.die_with_worker import children_die_with_this_thread
+from workers.engines.vllm.ipc_dir import IpcDir
 from workers.engines.vllm.kv_events import KvEventFeed, KvEventTranslator
 from workers.engines.vllm.kv_subscriber import KvEventSubscriber
 from workers.engines.vllm.kv_transfer import (
@@ -312,6 +313,7 @@ class VllmEngine(Engine):
         self.kvbm = KvbmSetup.new(kvbm, model) if kvbm is not None and kvbm.enabled else None
         self._tiers = TierClient(self.kvbm.address, self.kvbm.key) if self.kvbm is not None else None
         self._tier_report: TierReport | None = None
+        self._ipc: IpcDir | None = None
         self._tier_poll: asyncio.Task[None] | None = None
         #: vLLM's own counters (KV usage, prompt-token sources), recorded every step.
         self.counters = EngineCounters()
@@ -345,6 +347,9 @@ class VllmEngine(Engine):
         if self.transfer is not None:
             configure_environment(self.transfer, current_platform.is_cpu())
         self._subscriber = KvEventSubscriber()
+        # vLLM's sockets to its engine core go in a directory of this engine's, removed with it.
+        self._ipc = IpcDir.create(get_settings().cache_dir / "vllm-ipc")
+        os.environ["VLLM_RPC_BASE_PATH"] = str(self._ipc.path)
         try:
             # The engine core is a child process: it ends with this thread, killed or not.
             with children_die_with_this_thread(get_settings().cache_dir):
@@ -355,6 +360,7 @@ class VllmEngine(Engine):
                 )
         except Exception as exc:
             self._subscriber.close()
+            self._ipc.remove()
             raise EngineStartError(f"vLLM could not load {self.model_path}: {type(exc).__name__}: {exc}") from exc
         config = self._llm.vllm_config
         self.info = EngineInfo(
@@ -413,6 +419,9 @@ class VllmEngine(Engine):
             self._subscriber = None
         if self._tiers is not None:
             self._tiers.close()
+        if self._ipc is not None:
+            self._ipc.remove()
+            self._ipc = None
 
     # ---- requests -------------------------------------------------------------------------------
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
