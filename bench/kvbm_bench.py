@@ -11,7 +11,8 @@ come back after think times long enough for other traffic to have evicted them. 
   the shared tier in the benchmark's Redis), onboard time simulated from the tiers' bandwidths and
   latencies (core.settings.KvbmSettings, printed with the results), the router crediting each tier;
 * ``all tiers, device-only cost``: the same tiers, but the router weighs device blocks only (the cost
-  before tier credits), to show what the credit buys;
+  before tier credits), to show what the credit buys; ``all tiers, full credit``: the router takes the
+  workers' credits whole (``tier_credit_scale`` 1, where the deployment default is 0.5);
 
 and the routing-quality workload of bench.router_quality (its defaults: a cache that holds the working
 set better) with all tiers, tier-aware against device-only cost, to show the credit does no harm there.
@@ -52,7 +53,7 @@ from workers.kvbm.frame import frame_size
 from workers.kvbm.tiers import KvTiers
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CONFIGS = ("off", "host", "host+disk", "host+disk+shared", "all tiers, device-only cost")
+CONFIGS = ("off", "host", "host+disk", "host+disk+shared", "all tiers, device-only cost", "all tiers, full credit")
 
 
 def _tiers(name: str, kvbm: KvbmSettings) -> TierSetup | None:
@@ -61,6 +62,11 @@ def _tiers(name: str, kvbm: KvbmSettings) -> TierSetup | None:
     presets: dict[str, dict[str, Any]] = {"host": {"disk_bytes": 0, "redis_url": None}, "host+disk": {"redis_url": None}}
     on = presets.get(name, {})
     return TierSetup(kvbm.model_copy(update=on), credit=name != "all tiers, device-only cost")
+
+
+def _router(name: str) -> RouterSettings:
+    """The deployment's routing (its tier credit scale), or full credit for the row that says so."""
+    return RouterSettings(tier_credit_scale=1.0) if name == "all tiers, full credit" else RouterSettings()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--disk-x", type=float, default=16.0, help="disk tier per worker, in device caches")
     ap.add_argument("--users-per-worker", type=int, default=16)
     ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument("--think-s", type=float, default=20.0, help="mean model seconds before a conversation returns")
+    ap.add_argument("--think-s", type=float, default=40.0, help="mean model seconds before a conversation returns")
     ap.add_argument("--duration-s", type=float, default=60.0)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--no-quality", action="store_true", help="skip the routing-quality workload")
@@ -92,7 +98,6 @@ def main(argv: list[str] | None = None) -> dict:
                             max_num_batched_tokens=8192)
     device_bytes = args.kv_blocks * frame_size(mocker.kv_bytes_per_block)
     console = Console(width=160) if not Console().is_terminal else Console()
-    router = RouterSettings()
     rows: list[dict] = []
     server = RedisServer().start()
     try:
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
                               f"requests, working set ~{ws:.1f}x the fleet's device KV")
                 for config in args.configs:
                     _fresh(server, Path(tmp))
-                    r = simulate(server.url, "kv", workload, args.workers, mocker, seed, router,
+                    r = simulate(server.url, "kv", workload, args.workers, mocker, seed, _router(config),
                                  tiers=_tiers(config, kvbm))
                     rows.append(_row(config, "long-context", r) | {"working_set_over_fleet_kv": ws})
                     _print(console, rows[-1])
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
                         await asyncio.sleep(at_s)
                         server.stop()
 
-                    r = simulate(server.url, "kv", workload, args.workers, mocker, seed, router,
+                    r = simulate(server.url, "kv", workload, args.workers, mocker, seed, RouterSettings(),
                                  tiers=_tiers("host+disk+shared", kvbm.model_copy(update={"redis_url": down.url})),
                                  meanwhile=stop_shared)
                 finally:
@@ -139,9 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
                 quality = shared_workload(args.workers, seed, users_per_worker=12, turns=8, duration_s=60.0,
                                           system_tokens=1500, users_per_system=8, first_tokens=(1000, 6000),
                                           user_tokens=(50, 500), output_tokens=(100, 300), think_s=6.0)
-                for config in ("off", "host+disk+shared", "all tiers, device-only cost"):
+                for config in ("off", "host+disk+shared", "all tiers, device-only cost", "all tiers, full credit"):
                     _fresh(server, Path(tmp))
-                    r = simulate(server.url, "kv", quality, args.workers, quality_mocker, seed, router,
+                    r = simulate(server.url, "kv", quality, args.workers, quality_mocker, seed, _router(config),
                                  tiers=_tiers(config, qkvbm))
                     rows.append(_row(config, "routing-quality", r))
                     _print(console, rows[-1])

@@ -104,12 +104,13 @@ def publishes_kv_events(record: WorkerRecord) -> bool:
     return record.kv_events
 
 
-def tier_credits(loads: Sequence[WorkerLoad]) -> np.ndarray | None:
-    """The candidates' KV tier credits, one row of host, disk and shared each (router.registry.parse_tier_credit),
-    or None when no candidate publishes any: the common case costs nothing."""
-    if not any(load.tier_credit for load in loads):
+def tier_credits(loads: Sequence[WorkerLoad], scale: float = 1.0) -> np.ndarray | None:
+    """The candidates' KV tier credits times ``scale``, one row of host, disk and shared each
+    (router.registry.parse_tier_credit), or None when no candidate publishes any or ``scale`` is 0: the
+    common case costs nothing."""
+    if scale <= 0 or not any(load.tier_credit for load in loads):
         return None
-    return np.array([[parsed.get(t, 0.0) for t in KV_TIERS] for parsed in map(_parsed_credit, loads)])
+    return scale * np.array([[parsed.get(t, 0.0) for t in KV_TIERS] for parsed in map(_parsed_credit, loads)])
 
 
 def _parsed_credit(load: WorkerLoad) -> dict[str, float]:
@@ -155,7 +156,7 @@ class TableBuilder:
         timing = timing_matrix(coefficients, roster.budgets,
                                np.where(total != 0, total, roster.kv_blocks),  # a load that does not say: its registration's
                                column("running"), roster.sizes, column("cached_blocks"))
-        credits = tier_credits(loads)
+        credits = tier_credits(loads, self.settings.tier_credit_scale)
         if last is not None and last.roster is roster and np.array_equal(last.active, active) \
                 and np.array_equal(last.timing, timing) and _same(last.tier_credit, credits):
             # The same columns (an idle fleet between heartbeats that changed nothing): the same

@@ -10,10 +10,12 @@ import redis.asyncio as aioredis
 
 from core.keys import Keys
 from core.messages import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from router.kv_policy import KvPolicy
 from router.prefix_index import PrefixIndex
 from router.registry import LiveWorker, parse_tier_credit
 from tests.router.factories import make_worker
-from tests.router.test_kv_policy import PROMPT, chain, policy, req
+from tests.router.test_kv_policy import PROMPT, chain, req
+from tests.router.test_kv_policy import policy as device_policy
 
 
 def _bit(raw: bytes | None, slot: int) -> bool:
@@ -23,6 +25,11 @@ def _bit(raw: bytes | None, slot: int) -> bool:
 async def _held(client: aioredis.Redis, keys: Keys, letter: str, hashes: list[int], slot: int) -> list[bool]:
     prefix = keys.kv_block_prefix("m")
     return [_bit(await client.get(f"{prefix}{letter}{h:016x}"), slot) for h in hashes]
+
+
+def policy(client: aioredis.Redis, keys: Keys, **settings: float) -> KvPolicy:
+    """Full credit unless a test says otherwise (the deployment's default takes half)."""
+    return device_policy(client, keys, **{"tier_credit_scale": 1.0, **settings})
 
 
 def tiered(worker: LiveWorker, credit: str) -> LiveWorker:
@@ -80,6 +87,10 @@ async def test_a_worker_whose_host_tier_holds_the_prompt_wins_over_one_with_noth
     plain = [make_worker("w0", 0, active_blocks=3), make_worker("w1", 1, active_blocks=2)]
     d = await policy(aredis, keys).best(req("r1"), plain)
     assert (d.worker_id, d.cost) == ("w1", 12.0)  # no credit published: the tier counts for nothing
+    d = await policy(aredis, keys, tier_credit_scale=0.0).best(req("r1"), workers)
+    assert (d.worker_id, d.cost) == ("w1", 12.0)  # the router set to weigh device blocks alone
+    d = await policy(aredis, keys, tier_credit_scale=0.5).best(req("r1"), workers)
+    assert (d.worker_id, d.cost) == ("w0", 10.0)  # half the credit: 10 - 0.375 x 8 + 3
 
 
 async def test_the_device_holder_beats_the_host_tier_holder_at_equal_load(
