@@ -200,3 +200,16 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboards_folder(compos
     assert "127.0.0.1:9090:9090" in compose["services"]["prometheus"]["ports"]
     (provider,) = yaml.safe_load((provisioning / "dashboards" / "sluice.yaml").read_text())["providers"]
     assert provider["type"] == "file" and provider["options"]["path"] == mounts["./grafana"]
+
+
+def test_workers_keep_kv_tiers_with_a_bounded_shared_redis_and_a_disk_of_their_own(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    command = services["kv-redis"]["command"]
+    assert "--maxmemory" in command and command[command.index("--maxmemory-policy") + 1] == "allkeys-lru"
+    for name in ("worker-mocker", "worker-vllm"):
+        worker = services[name]
+        env = worker["environment"]
+        assert env["SLUICE_KVBM__REDIS_URL"] == "redis://kv-redis:6379/0"  # defaults interpolated
+        assert int(env["SLUICE_KVBM__HOST_BYTES"]) > 0 and int(env["SLUICE_KVBM__DISK_BYTES"]) > 0
+        # The disk tier on a volume without a name: each container's own, never shared by replicas.
+        assert env["SLUICE_KVBM__DISK_DIR"] in worker["volumes"]

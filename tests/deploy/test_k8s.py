@@ -323,3 +323,25 @@ def test_every_worker_serves_its_metrics_where_the_pod_monitor_scrapes(overlay: 
         assert ports[port_name] == settings.worker.metrics_port and settings.worker.metrics_host == "0.0.0.0"
         (advertised,) = [e for e in container["env"] if e["name"] == "SLUICE_WORKER__METRICS_ADVERTISE_HOST"]
         assert advertised["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_workers_keep_kv_tiers_on_their_own_volume_with_a_bounded_shared_redis(
+        overlay: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifests = render(overlay)
+    deployments = of_kind(manifests, "Deployment")
+    (redis,) = pod_spec(deployments["kv-redis"])["containers"]
+    args = redis["args"]
+    assert "--maxmemory" in args and args[args.index("--maxmemory-policy") + 1] == "allkeys-lru"
+    services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service").values()}
+    for pool in POOLS:
+        spec = pod_spec(deployments[f"worker-{pool}"])
+        (container,) = spec["containers"]
+        settings = settings_of(manifests, container, monkeypatch)
+        kvbm = settings.kvbm
+        assert kvbm.host_bytes > 0 and kvbm.disk_on and kvbm.redis_url is not None
+        assert make_url(kvbm.redis_url).host in services  # the shared tier's Service
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(kvbm.disk_dir)]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        assert "emptyDir" in volume, "the pod's own: replicas never share a disk tier"
+        size = volume["emptyDir"]["sizeLimit"]
+        assert size.endswith("Gi") and int(size[:-2]) * (1 << 30) >= kvbm.disk_bytes
