@@ -9,18 +9,19 @@ come back after think times long enough for other traffic to have evicted them. 
 * ``host``, ``host+disk``, ``host+disk+shared``: the tiers of workers.kvbm under every mocker (real
   stores of stand-in blocks: the host tier in memory, the disk tier in a temporary directory per worker,
   the shared tier in the benchmark's Redis), onboard time simulated from the tiers' bandwidths and
-  latencies (core.settings.KvbmSettings, printed with the results), the router crediting each tier;
-* ``all tiers, device-only cost``: the same tiers, but the router weighs device blocks only (the cost
-  before tier credits), to show what the credit buys; ``all tiers, full credit``: the router takes the
-  workers' credits whole (``tier_credit_scale`` 1, where the deployment default is 0.5);
+  latencies (core.settings.KvbmSettings, printed with the results), routed as the deployment routes;
+* ``all tiers, half credit`` and ``all tiers, full credit``: the same tiers, the router crediting the
+  blocks they hold by half or all of each worker's published credit (``tier_credit_scale`` 0.5 and 1;
+  the deployment's default, 0, weighs device blocks only, as every other row does), to show what the
+  credit buys;
 
 and the routing-quality workload of bench.router_quality (its defaults: a cache that holds the working
-set better) with all tiers, tier-aware against device-only cost, to show the credit does no harm there.
+set better) with all tiers, routed on device blocks alone and with half and full credit.
 
 Reports per run: TTFT mean, p90 and mean over return turns (every turn after a conversation's first),
 the share of prompt tokens cached or onboarded, blocks onboarded per tier, output tokens per model second,
-and a digest (repeated runs reproduce it). Prints a table and the ratios against ``off`` and against the
-device-only cost; writes bench/results/kvbm.json.
+and a digest (repeated runs reproduce it). Prints a table and the ratios against ``off`` and against
+``host+disk+shared`` (the same tiers, device blocks alone credited); writes bench/results/kvbm.json.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ from workers.kvbm.frame import frame_size
 from workers.kvbm.tiers import KvTiers
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CONFIGS = ("off", "host", "host+disk", "host+disk+shared", "all tiers, device-only cost", "all tiers, full credit")
+CONFIGS = ("off", "host", "host+disk", "host+disk+shared", "all tiers, half credit", "all tiers, full credit")
+#: The router's tier credit scale (RouterSettings.tier_credit_scale) of the rows that set one; the others
+#: route as the deployment does (device blocks alone count, scale 0).
+CREDIT_SCALE = {"all tiers, half credit": 0.5, "all tiers, full credit": 1.0}
 
 
 def _tiers(name: str, kvbm: KvbmSettings) -> TierSetup | None:
@@ -61,12 +65,12 @@ def _tiers(name: str, kvbm: KvbmSettings) -> TierSetup | None:
         return None
     presets: dict[str, dict[str, Any]] = {"host": {"disk_bytes": 0, "redis_url": None}, "host+disk": {"redis_url": None}}
     on = presets.get(name, {})
-    return TierSetup(kvbm.model_copy(update=on), credit=name != "all tiers, device-only cost")
+    return TierSetup(kvbm.model_copy(update=on))
 
 
 def _router(name: str) -> RouterSettings:
-    """The deployment's routing (its tier credit scale), or full credit for the row that says so."""
-    return RouterSettings(tier_credit_scale=1.0) if name == "all tiers, full credit" else RouterSettings()
+    """The deployment's routing, with the tier credit scale of the rows that set one."""
+    return RouterSettings(tier_credit_scale=CREDIT_SCALE.get(name, RouterSettings().tier_credit_scale))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--disk-x", type=float, default=16.0, help="disk tier per worker, in device caches")
     ap.add_argument("--users-per-worker", type=int, default=16)
     ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument("--think-s", type=float, default=40.0, help="mean model seconds before a conversation returns")
+    ap.add_argument("--think-s", type=float, default=60.0, help="mean model seconds before a conversation returns")
     ap.add_argument("--duration-s", type=float, default=60.0)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--no-quality", action="store_true", help="skip the routing-quality workload")
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
                 quality = shared_workload(args.workers, seed, users_per_worker=12, turns=8, duration_s=60.0,
                                           system_tokens=1500, users_per_system=8, first_tokens=(1000, 6000),
                                           user_tokens=(50, 500), output_tokens=(100, 300), think_s=6.0)
-                for config in ("off", "host+disk+shared", "all tiers, device-only cost", "all tiers, full credit"):
+                for config in ("off", "host+disk+shared", "all tiers, half credit", "all tiers, full credit"):
                     _fresh(server, Path(tmp))
                     r = simulate(server.url, "kv", quality, args.workers, quality_mocker, seed, _router(config),
                                  tiers=_tiers(config, qkvbm))
@@ -256,11 +260,11 @@ def _mean(rows: list[dict], workload: str, config: str, key: str) -> float | Non
 
 
 def _ratios(rows: list[dict]) -> dict[str, float]:
-    """Per workload, each config's mean TTFT (and return-turn TTFT) over ``off``'s and, for the tier-aware
-    runs, over the device-only cost's (means over seeds)."""
+    """Per workload, each config's mean TTFT (and return-turn TTFT) over ``off``'s and over
+    ``host+disk+shared``'s, the same tiers routed on device blocks alone (means over seeds)."""
     out: dict[str, float] = {}
     for workload in sorted({r["workload"] for r in rows}):
-        for base in ("off", "all tiers, device-only cost"):
+        for base in ("off", "host+disk+shared"):
             for config in sorted({r["config"] for r in rows if r["workload"] == workload} - {base, "off"}):
                 for key in ("ttft_mean_ms", "ttft_return_mean_ms"):
                     a, b = _mean(rows, workload, config, key), _mean(rows, workload, base, key)

@@ -149,9 +149,10 @@ class RouterSettings(BaseModel):
     overlap_score_weight: float = Field(16.0, ge=0)
     #: What the cost makes of the blocks a worker's KV tiers hold past its cache (docs/routing.md, "KV
     #: tiers"): each worker's published credit per tier, times this (0: device blocks alone count, and no
-    #: tier key is read). Half: at full credit, returning conversations stuck to the worker whose host
-    #: tier held them and queued there for KV room (bench/kvbm_bench.py; docs/kvbm.md has the figures).
-    tier_credit_scale: float = Field(0.5, ge=0, le=1)
+    #: tier key is read). 0 until it measures better: crediting the tiers made returning conversations
+    #: stick to the worker whose host tier held them and queue there for KV room, while with a shared
+    #: tier any worker onboards them (bench/kvbm_bench.py; docs/kvbm.md has the figures).
+    tier_credit_scale: float = Field(0.0, ge=0, le=1)
     temperature: float = Field(0.0, ge=0)
     registry_refresh_s: float = Field(0.25, gt=0)
     #: Approximate mode (engines without KV events): how long a routed prompt's blocks count as cached.
