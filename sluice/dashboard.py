@@ -1,7 +1,8 @@
 """The Grafana dashboard kept in ``docker/grafana/sluice.json``, built from the panel list below
 (``sluice dashboard > docker/grafana/sluice.json``; a test keeps the file equal to this).
 
-Every expression reads series the processes export (app/metrics.py, workers/metrics.py) with the
+Every expression reads series the processes export (app/metrics.py, workers/metrics.py,
+workers/kvbm/metrics.py) with the
 labels Prometheus adds from service discovery (sluice.observe, router.discovery: ``worker``,
 ``model``, ``pool``, ``component``). ``$__rate_interval`` is Grafana's; the end-to-end test
 (tests/e2e/test_observability.py) evaluates each expression against a real Prometheus.
@@ -106,6 +107,27 @@ ROWS: tuple[Row, ...] = (
             Query("max by (worker) (sluice_worker_queue_messages)", "worker {{worker}}"),
         ), "short", "Tasks waiting in Celery queues (read at scrape time)"),
         Panel("Live workers", (Query("max by (model) (sluice_live_workers)", "{{model}}"),)),
+    )),
+    Row("KV tiers", (
+        Panel("Blocks held per tier", (Query("sum by (worker, tier) (sluice_worker_kv_tier_blocks)",
+                                             "{{worker}} {{tier}}"),), "short",
+              "Blocks each worker's host and disk tiers hold below its engine's cache (the shared tier's "
+              "are in its Redis)"),
+        Panel("Onboard hits per tier", (Query(
+            f"sum by (tier) (rate(sluice_worker_kv_tier_hits_total[{RATE}]))", "{{tier}}"),), "short",
+            "Blocks per second onboarded from a tier instead of recomputed", stacked=True),
+        Panel("Tier traffic", (
+            Query(f"sum by (tier) (rate(sluice_worker_kv_tier_offloaded_bytes_total[{RATE}]))", "offloaded {{tier}}"),
+            Query(f"sum by (tier) (rate(sluice_worker_kv_tier_onboarded_bytes_total[{RATE}]))", "onboarded {{tier}}"),
+        ), "Bps", "Bytes written to each tier, and read from it into the engines"),
+        Panel("Onboard latency", _quantiles("sluice_worker_kv_tier_onboard_seconds", "tier"), "s",
+              "Time of one onboard's reads from a tier"),
+        Panel("Recomputes by reason", (
+            Query(f"sum by (reason) (rate(sluice_worker_kv_tier_recomputes_total[{RATE}]))", "{{reason}}"),
+            Query(f"sum(rate(sluice_worker_kv_tier_offloads_dropped_total[{RATE}]))", "offloads dropped"),
+        ), "short", "Blocks per second a tier should have given and that were recomputed: corrupt (failed "
+                    "its checksum), timeout (slower than SLUICE_KVBM__TIMEOUT_MS), down (the shared tier did "
+                    "not answer); and blocks not offloaded because the offload queue was full"),
     )),
 )
 

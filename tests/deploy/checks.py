@@ -88,3 +88,27 @@ def parse_sluice(argv: list[str]) -> None:
         build_parser().parse_args(argv)
     except SystemExit:
         pytest.fail(f"`sluice {' '.join(argv)}` does not parse with sluice/cli.py")
+
+
+#: Redis' memory units (redis.conf): ``k``/``m``/``g`` are powers of 1000, ``kb``/``mb``/``gb`` of 1024.
+_REDIS_UNITS = {"": 1, "k": 10**3, "kb": 1 << 10, "m": 10**6, "mb": 1 << 20, "g": 10**9, "gb": 1 << 30}
+#: Kubernetes' quantity suffixes for bytes.
+_QUANTITY_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+                   "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+
+def redis_options(argv: list[str]) -> dict[str, str]:
+    """The ``--name value`` options of a ``redis-server`` command line (the program name may lead)."""
+    words = argv[1:] if argv[:1] == ["redis-server"] else argv
+    assert len(words) % 2 == 0 and all(w.startswith("--") for w in words[::2]), argv
+    return {name[2:]: value for name, value in zip(words[::2], words[1::2], strict=True)}
+
+
+def redis_bytes(size: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)([a-z]*)", size.lower()).groups()  # type: ignore[union-attr]
+    return int(number) * _REDIS_UNITS[unit]
+
+
+def quantity_bytes(quantity: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)([A-Za-z]*)", quantity).groups()  # type: ignore[union-attr]
+    return int(number) * _QUANTITY_UNITS[unit]

@@ -19,11 +19,21 @@ from typing import Any
 import pytest
 import yaml
 
-from core.settings import FrontendSettings, WorkerSettings
-from tests.deploy.checks import ROOT, is_setting, parse_sluice, settings_from, sluice_argv
+from core.settings import FrontendSettings, Settings, WorkerSettings
+from tests.deploy.checks import (
+    ROOT,
+    is_setting,
+    parse_sluice,
+    redis_bytes,
+    redis_options,
+    settings_from,
+    sluice_argv,
+)
 
 COMPOSE = ROOT / "docker" / "compose.yaml"
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
 SLUICE_SERVICES = ("migrate", "frontend", "worker-mocker", "worker-vllm", "bookkeeper", "flower")
+WORKERS = ("worker-mocker", "worker-vllm")
 #: ``${NAME}``, ``${NAME:-default}``, ``${NAME-default}``, ``${NAME:?error}``; ``$$`` is a literal ``$``.
 _VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
 
@@ -202,14 +212,47 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboards_folder(compos
     assert provider["type"] == "file" and provider["options"]["path"] == mounts["./grafana"]
 
 
-def test_workers_keep_kv_tiers_with_a_bounded_shared_redis_and_a_disk_of_their_own(compose: dict[str, Any]) -> None:
-    services = compose["services"]
-    command = services["kv-redis"]["command"]
-    assert "--maxmemory" in command and command[command.index("--maxmemory-policy") + 1] == "allkeys-lru"
-    for name in ("worker-mocker", "worker-vllm"):
-        worker = services[name]
-        env = worker["environment"]
-        assert env["SLUICE_KVBM__REDIS_URL"] == "redis://kv-redis:6379/0"  # defaults interpolated
-        assert int(env["SLUICE_KVBM__HOST_BYTES"]) > 0 and int(env["SLUICE_KVBM__DISK_BYTES"]) > 0
-        # The disk tier on a volume without a name: each container's own, never shared by replicas.
-        assert env["SLUICE_KVBM__DISK_DIR"] in worker["volumes"]
+def _worker_settings(compose: dict[str, Any], name: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    env = {k: str(v) for k, v in compose["services"][name]["environment"].items() if k.startswith("SLUICE_")}
+    return settings_from(env, monkeypatch)
+
+
+def test_the_shared_kv_tier_is_a_bounded_cache_of_its_own(compose: dict[str, Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    kv_redis = compose["services"]["kv-redis"]
+    options = redis_options(kv_redis["command"])
+    assert redis_bytes(options["maxmemory"]) > 0 and options["maxmemory-policy"] == "allkeys-lru"
+    assert (options["save"], options["appendonly"]) == ("", "no")
+    assert "ports" not in kv_redis
+    for name in WORKERS:
+        settings = _worker_settings(compose, name, monkeypatch)
+        assert settings.kvbm.redis_url == "redis://kv-redis:6379/0"
+        assert settings.redis.url != settings.kvbm.redis_url, "apart from the request plane"
+        # Started with the workers, not awaited: a shared tier that does not answer costs recomputes.
+        assert compose["services"][name]["depends_on"]["kv-redis"] == {"condition": "service_started"}
+
+
+def test_workers_keep_host_and_disk_tiers_on_a_volume_of_their_own(compose: dict[str, Any],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in WORKERS:
+        kvbm = _worker_settings(compose, name, monkeypatch).kvbm
+        assert kvbm.host_bytes > 0 and kvbm.disk_on
+        # A bare container path: an anonymous volume, each container's own (a named one, "name:/path",
+        # would be shared by every replica of --scale), kept across restarts and recreations.
+        assert str(kvbm.disk_dir) in compose["services"][name]["volumes"]
+    assert not [v for v in compose["volumes"] if "kv" in v]
+    off = load({"SLUICE_KVBM_HOST_BYTES": "0", "SLUICE_KVBM_DISK_BYTES": "0"})
+    kvbm = _worker_settings(off, "worker-mocker", monkeypatch).kvbm
+    assert kvbm.host_bytes == 0 and not kvbm.disk_on
+
+
+def test_the_image_makes_the_disk_tier_directory_for_its_user(compose: dict[str, Any],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker fills a new volume from the image's directory, owner included: one the image lacks is
+    created for root, and the worker (user 10001) could not write its disk tier."""
+    dockerfile = DOCKERFILE.read_text()
+    assert "USER 10001:10001" in dockerfile and "useradd --create-home --uid 10001 --gid 10001 sluice" in dockerfile
+    made = [line for line in dockerfile.replace("\\\n", " ").splitlines() if "install -d -o sluice -g sluice" in line]
+    owned = {word for line in made for word in line.split("install -d -o sluice -g sluice", 1)[1].split()}
+    for name in WORKERS:
+        assert str(_worker_settings(compose, name, monkeypatch).kvbm.disk_dir) in owned

@@ -28,7 +28,16 @@ from core.keys import Keys
 from core.pools import Pool
 from core.settings import Settings
 from tests.deploy import kustomize_lite
-from tests.deploy.checks import ROOT, is_setting, parse_sluice, settings_from, sluice_argv
+from tests.deploy.checks import (
+    ROOT,
+    is_setting,
+    parse_sluice,
+    quantity_bytes,
+    redis_bytes,
+    redis_options,
+    settings_from,
+    sluice_argv,
+)
 
 Manifest = dict[str, Any]
 
@@ -325,23 +334,42 @@ def test_every_worker_serves_its_metrics_where_the_pod_monitor_scrapes(overlay: 
         assert advertised["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
 
 
-def test_workers_keep_kv_tiers_on_their_own_volume_with_a_bounded_shared_redis(
-        overlay: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_shared_kv_tier_is_a_bounded_cache_of_its_own(overlay: str, monkeypatch: pytest.MonkeyPatch) -> None:
     manifests = render(overlay)
-    deployments = of_kind(manifests, "Deployment")
-    (redis,) = pod_spec(deployments["kv-redis"])["containers"]
-    args = redis["args"]
-    assert "--maxmemory" in args and args[args.index("--maxmemory-policy") + 1] == "allkeys-lru"
-    services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service").values()}
+    (kv_redis,) = pod_spec(of_kind(manifests, "Deployment")["kv-redis"])["containers"]
+    options = redis_options(kv_redis["args"])
+    maxmemory = redis_bytes(options["maxmemory"])
+    assert maxmemory > 0 and options["maxmemory-policy"] == "allkeys-lru"
+    assert (options["save"], options["appendonly"]) == ("", "no")
+    assert quantity_bytes(kv_redis["resources"]["limits"]["memory"]) > maxmemory, "room for Redis' own overhead"
+    service = of_kind(manifests, "Service")["kv-redis"]
     for pool in POOLS:
-        spec = pod_spec(deployments[f"worker-{pool}"])
-        (container,) = spec["containers"]
+        (container,) = pod_spec(of_kind(manifests, "Deployment")[f"worker-{pool}"])["containers"]
         settings = settings_of(manifests, container, monkeypatch)
-        kvbm = settings.kvbm
-        assert kvbm.host_bytes > 0 and kvbm.disk_on and kvbm.redis_url is not None
-        assert make_url(kvbm.redis_url).host in services  # the shared tier's Service
+        assert settings.kvbm.redis_url is not None
+        url = make_url(settings.kvbm.redis_url)
+        assert (url.host, url.port) == ("kv-redis", service["spec"]["ports"][0]["port"])
+        assert make_url(settings.redis.url).host != url.host, "apart from the request plane"
+
+
+def test_workers_keep_host_and_disk_tiers_on_a_volume_of_their_pod(overlay: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An emptyDir on the node's disk: each pod's own, kept across the worker container's restarts,
+    bounded a little above the tier's budget (frames' headers, writes in flight); the host tier fits in
+    the container's memory limit."""
+    manifests = render(overlay)
+    for pool in POOLS:
+        worker = of_kind(manifests, "Deployment")[f"worker-{pool}"]
+        spec = pod_spec(worker)
+        (container,) = spec["containers"]
+        kvbm = settings_of(manifests, container, monkeypatch).kvbm
+        assert kvbm.host_bytes > 0 and kvbm.disk_on
+        assert quantity_bytes(container["resources"]["limits"]["memory"]) >= 2 * kvbm.host_bytes
         (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(kvbm.disk_dir)]
         (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
-        assert "emptyDir" in volume, "the pod's own: replicas never share a disk tier"
-        size = volume["emptyDir"]["sizeLimit"]
-        assert size.endswith("Gi") and int(size[:-2]) * (1 << 30) >= kvbm.disk_bytes
+        assert set(volume) == {"name", "emptyDir"} and "medium" not in volume["emptyDir"]
+        assert quantity_bytes(volume["emptyDir"]["sizeLimit"]) > kvbm.disk_bytes
+    # Deployments, so KEDA's scalers go on targeting them by name (a ScaledObject's default kind).
+    targets = {s["spec"]["scaleTargetRef"]["name"] for s in of_kind(manifests, "ScaledObject").values()}
+    assert targets == {f"worker-{pool}" for pool in POOLS} <= set(of_kind(manifests, "Deployment"))
+    assert not [s for s in of_kind(manifests, "ScaledObject").values() if "kind" in s["spec"]["scaleTargetRef"]]

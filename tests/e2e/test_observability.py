@@ -40,7 +40,9 @@ def test_promtool_accepts_the_rules_and_the_config(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def observed(redis_server, tokenizer_dir, tmp_path_factory) -> Iterator[tuple[Stack, str]]:  # noqa: ANN001
     s = Stack(redis_url=redis_server.url, namespace=f"obs{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
-              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "20", "SLUICE_ROUTER_MODE": "kv"})
+              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "20", "SLUICE_ROUTER_MODE": "kv",
+                         # a host KV tier: the tier metrics are exported only by a worker with tiers
+                         "SLUICE_KVBM__HOST_BYTES": str(64 << 20)})
     listen = f"127.0.0.1:{free_port()}"
     try:
         s.start_worker("w1")

@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -239,18 +239,22 @@ class KvTiers:
             n += 1
         return n
 
-    def onboard(self, block_hashes: Sequence[int], parent: int | None = None) -> TierRead:
+    def onboard(self, block_hashes: Sequence[int], parent: int | None = None,
+                tiers: Collection[str] | None = None) -> TierRead:
         """Read the leading run of ``block_hashes`` the tiers hold, verified, within ``timeout_ms``.
         ``parent``: the block before the first one (None: the first starts its chain), so that what is read
-        from disk or the shared tier can join the host tier."""
+        from disk or the shared tier can join the host tier. ``tiers``: read only these (an engine leaves
+        out a tier slower than recomputing); None: all."""
         start = time.monotonic()
+        local = self.local if tiers is None else [t for t in self.local if t.name in tiers]
+        shared = self.shared if tiers is None or "shared" in tiers else None
         deadline = start + self.settings.timeout_ms / 1000.0
         read = TierRead()
         per_tier: dict[str, float] = {}
         i = 0
         while i < len(block_hashes):
             h = block_hashes[i]
-            tier = next((t for t in self.local if h in t), None)
+            tier = next((t for t in local if h in t), None)
             if tier is None:
                 break
             t0 = time.monotonic()
@@ -267,7 +271,7 @@ class KvTiers:
             if time.monotonic() > deadline:
                 read.stopped = "timeout"
                 break
-        if read.stopped is None and i < len(block_hashes) and self.shared is not None:
+        if read.stopped is None and i < len(block_hashes) and shared is not None:
             self._onboard_shared(block_hashes[i:], read, per_tier)
         elif read.stopped is None and i < len(block_hashes):
             read.stopped = "miss"

@@ -62,6 +62,8 @@ class MockerTiers:
         self.kvbm = kvbm
         self._sink: KvEventSink | None = None
         self._pump: asyncio.Task[None] | None = None
+        #: The tiers worth reading: those whose simulated read beats recomputing (a credit above 0).
+        self.worth = [t for t, c in self._credits().items() if c > 0]
 
     # ---- events -----------------------------------------------------------------------------------
     def wrap(self, sink: KvEventSink) -> KvEventSink:
@@ -93,19 +95,21 @@ class MockerTiers:
 
     # ---- onboard ----------------------------------------------------------------------------------
     def might_hold(self, chain: Sequence[int]) -> bool:
-        """Whether an onboard could find anything (the shared tier is asked off the loop, so it may)."""
-        return bool(chain) and (self.store.shared is not None or any(chain[0] in t for t in self.store.local))
+        """Whether an onboard could find anything worth reading (the shared tier is asked off the loop, so it
+        may)."""
+        return bool(chain) and (self.store.shared is not None and "shared" in self.worth
+                                or any(chain[0] in t for t in self.store.local if t.name in self.worth))
 
     async def onboard(self, chain: Sequence[int], parent: int | None) -> int:
         """Read the leading run of ``chain`` (whose first block's parent is ``parent``) the tiers hold and
         wait its simulated time; returns the blocks read (0 when none: the request recomputes)."""
         if self.store.inline:  # a simulation: the read happens at once, then exactly the simulated time passes
-            read = self.store.onboard(list(chain), parent)
+            read = self.store.onboard(list(chain), parent, self.worth)
             if read.payloads:
                 await asyncio.sleep(self.simulated_s(read.tiers))
             return len(read.payloads)
         start = time.monotonic()
-        read = await asyncio.to_thread(self.store.onboard, list(chain), parent)
+        read = await asyncio.to_thread(self.store.onboard, list(chain), parent, self.worth)
         if not read.payloads:
             return 0
         await asyncio.sleep(max(0.0, self.simulated_s(read.tiers) - (time.monotonic() - start)))
@@ -127,11 +131,14 @@ class MockerTiers:
     # ---- what the router is told ------------------------------------------------------------------
     def credits(self) -> str:
         """Each tier's credit against this mocker's prefill time per block (workers.kvbm.credit)."""
+        return format_credits(self._credits())
+
+    def _credits(self) -> dict[str, float]:
         s = self.settings
         n = s.max_num_batched_tokens
         prefill_s_per_block = (prefill_ms(n) / n) * s.block_size / 1000.0 / s.speedup
         onboard = {t: configured_onboard_s(self.kvbm, t, s.kv_bytes_per_block) / s.speedup for t in self.store.names}
-        return format_credits(tier_credits(onboard, prefill_s_per_block))
+        return tier_credits(onboard, prefill_s_per_block)
 
     async def close(self) -> None:
         if self._pump is not None:
