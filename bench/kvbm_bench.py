@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-blocks", type=int, default=1024, help="device KV per worker (blocks of 16 tokens)")
     ap.add_argument("--host-x", type=float, default=4.0, help="host tier per worker, in device caches")
     ap.add_argument("--disk-x", type=float, default=16.0, help="disk tier per worker, in device caches")
-    ap.add_argument("--users-per-worker", type=int, default=16)
+    ap.add_argument("--users-per-worker", type=int, default=20)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--think-s", type=float, default=60.0, help="mean model seconds before a conversation returns")
     ap.add_argument("--duration-s", type=float, default=60.0)
