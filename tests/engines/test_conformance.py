@@ -19,7 +19,7 @@ from core.messages import SamplingParams
 from router.hashing import block_hashes, root_hash
 from tests.engines.conftest import EngineCase
 from tests.support.kv_events import PrefixClosureChecker
-from workers.engines.base import EngineOutput, EngineRequest
+from workers.engines.base import EngineOutput, EngineRequest, StepStats
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 TIMEOUT_S = 60
@@ -235,19 +235,26 @@ async def test_shutdown_ends_the_running_requests(own_engine: EngineCase) -> Non
 
 
 async def test_concurrent_requests_are_batched(engine: EngineCase) -> None:
+    """Concurrent requests share the engine's steps: some step decodes most of them at once. Read from the
+    engine's own step reports (``on_step``), not from timings, which a busy machine distorts (served one
+    after the other, every step would decode one request)."""
     n = 8
     sampling = SamplingParams(max_tokens=16, temperature=0.0)
+    steps: list[StepStats] = []
+    previous = engine.engine.on_step
 
-    async def timed(count: int) -> float:
-        start = time.perf_counter()
-        results = await asyncio.gather(*(collect(engine, engine.prompt(24), sampling) for _ in range(count)))
-        assert all(len(tokens_of(r)) == 16 for r in results)
-        return time.perf_counter() - start
+    def observe(step: StepStats) -> None:
+        steps.append(step)
+        if previous is not None:
+            previous(step)
 
-    single = min([await timed(1), await timed(1)])
-    together = await timed(n)
-    # Served one after the other they would take n * single; batched, about one request's time.
-    assert together < n * single / 2, f"{n} concurrent requests took {together:.3f}s, one took {single:.3f}s"
+    engine.engine.on_step = observe
+    try:
+        results = await asyncio.gather(*(collect(engine, engine.prompt(24), sampling) for _ in range(n)))
+    finally:
+        engine.engine.on_step = previous
+    assert all(len(tokens_of(r)) == 16 for r in results)
+    assert max((s.decode_tokens for s in steps), default=0) >= n // 2, [s.decode_tokens for s in steps]
 
 
 async def test_kv_events_match_the_cached_blocks(engine: EngineCase) -> None:
