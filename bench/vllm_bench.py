@@ -139,7 +139,8 @@ def start_vllm_server(model_dir: Path, cfg: EngineConfig) -> Server:
     processes = Processes(prefix="sluice-bench-vllm-")  # stopped, its log removed, however the bench ends
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *cfg.vllm_args()]
-    server = processes.spawn("vllm", cmd, {**os.environ, **cfg.vllm_env()})
+    # Its engine sockets in the processes' own directory, removed with them.
+    server = processes.spawn("vllm", cmd, {**os.environ, **cfg.vllm_env(), "VLLM_RPC_BASE_PATH": str(processes.workdir)})
 
     try:
         server.wait_serving(f"http://127.0.0.1:{port}/v1/models", "vLLM's OpenAI server", START_TIMEOUT_S,

@@ -44,8 +44,11 @@ class VllmServer:
                 "--served-model-name", name, "--host", "127.0.0.1", "--port", str(self.port), *ENGINE_FLAGS,
                 "--enable-lora", "--max-loras", "1", "--max-lora-rank", str(LORA_RANK),
                 "--lora-modules", *(f"{k}={v}" for k, v in loras.items())]
+        # Its engine sockets in the processes' own directory, removed with them (vLLM's default, the system's
+        # temporary directory, keeps those of a killed server for good).
         self.proc = self.processes.spawn("vllm", argv, {**os.environ, "OMP_NUM_THREADS": threads,
-                                                         "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+                                                         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                                                         "VLLM_RPC_BASE_PATH": str(self.processes.workdir)})
         try:
             wait_until(self._up, start_timeout_s, "vLLM's OpenAI server", interval=0.5)
         except BaseException:
