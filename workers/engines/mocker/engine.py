@@ -272,15 +272,17 @@ class MockerEngine(Engine):
     def _admit_after_onboard(self, req: Request) -> None:
         """Queue ``req``; first, if a tier may hold blocks past the cache's hit, read them (the request
         waits their simulated time off the scheduler, which goes on stepping the others)."""
+        tiers = self.tiers
+        if tiers is None:  # no tiers: nothing to look up on the request's way in
+            self._scheduler.add(req)
+            return
         bs = self.settings.block_size
         hit = self._scheduler.kv.cached_prefix(req.chain)
         rest = req.chain[hit:(len(req.tokens) - 1) // bs]
-        if self.tiers is not None:
-            self.tiers.store.touch(req.chain[:hit])
-        if self.tiers is None or not self.tiers.might_hold(rest):
+        tiers.store.touch(req.chain[:hit])
+        if not tiers.might_hold(rest):
             self._scheduler.add(req)
             return
-        tiers = self.tiers
 
         async def onboard() -> None:
             try:
