@@ -293,6 +293,12 @@ class KvbmSettings(BaseModel):
     shared_gb_per_s: float = Field(2.5, gt=0)
     shared_latency_ms: float = Field(0.5, ge=0)
 
+    def read_s(self, tier: str, blocks: int, block_bytes: int) -> float:
+        """Seconds one read of ``blocks`` blocks from ``tier`` takes by its configured latency and bandwidth."""
+        gb_per_s: float = getattr(self, f"{tier}_gb_per_s")
+        latency_ms: float = getattr(self, f"{tier}_latency_ms")
+        return latency_ms / 1000.0 + blocks * block_bytes / (gb_per_s * 1e9)
+
     @property
     def enabled(self) -> bool:
         return self.host_bytes > 0 or self.disk_on or self.redis_url is not None

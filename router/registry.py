@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from core.keys import MAX_WORKER_SLOTS, Keys
 from core.lua import lua_script
@@ -107,26 +107,31 @@ class WorkerLoad:
         return self.active_blocks / self.total_blocks if self.total_blocks else 0.0
 
 
+_V = TypeVar("_V")
+
 #: The KV tiers a worker's load may credit, in the order of the candidate table's TIER column.
 KV_TIERS = ("host", "disk", "shared")
+
+
+def parse_pairs(text: str, kind: Callable[[str], _V]) -> dict[str, _V]:
+    """``host=120,disk=3000`` as a dict, each value read by ``kind`` (the load record's tier fields); a pair
+    ``kind`` refuses is left out."""
+    out: dict[str, _V] = {}
+    for pair in filter(None, text.split(",")):
+        name, _, value = pair.partition("=")
+        try:
+            out[name] = kind(value)
+        except ValueError:
+            continue
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
 def parse_tier_credit(text: str) -> dict[str, float]:
     """``host=0.7,disk=0.2`` as a dict of the known tiers' credits, each clamped to [0, 1]; a malformed or
     unknown entry is left out (credited 0)."""
-    out: dict[str, float] = {}
-    for pair in filter(None, text.split(",")):
-        name, _, value = pair.partition("=")
-        if name not in KV_TIERS:
-            continue
-        try:
-            credit = float(value)
-        except ValueError:
-            continue
-        if credit == credit:  # not NaN
-            out[name] = min(1.0, max(0.0, credit))
-    return out
+    return {name: min(1.0, max(0.0, credit)) for name, credit in parse_pairs(text, float).items()
+            if name in KV_TIERS and credit == credit}  # not NaN
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from rich.text import Text
 
 from core.settings import Settings
 from router.cluster import ClusterReader, ClusterSnapshot
-from router.registry import LiveWorker
+from router.registry import LiveWorker, parse_pairs, parse_tier_credit
 from sluice.polling import deployment_planes, redis_names, repeat, run_until_interrupted
 
 
@@ -55,20 +55,8 @@ def worker_json(w: LiveWorker, snap: ClusterSnapshot) -> dict[str, Any]:
         "kv_resyncs": load.kv_resyncs, "heartbeat_age_s": _age(snap.taken_at, load.updated_at),
         "lease_expires_in_s": round(w.lease_expires_at - snap.taken_at, 3),
         "uptime_s": _age(snap.taken_at, r.started_at),
-        "kv_tiers": parse_pairs(load.tier_blocks, int), "kv_tier_credit": parse_pairs(load.tier_credit, float),
+        "kv_tiers": parse_pairs(load.tier_blocks, int), "kv_tier_credit": parse_tier_credit(load.tier_credit),
     }
-
-
-def parse_pairs(text: str, kind: Callable[[str], Any]) -> dict[str, Any]:
-    """``host=120,disk=3000`` as a dict (the load record's tier fields; a malformed pair is skipped)."""
-    out: dict[str, Any] = {}
-    for pair in filter(None, text.split(",")):
-        name, _, value = pair.partition("=")
-        try:
-            out[name] = kind(value)
-        except ValueError:
-            continue
-    return out
 
 
 def fmt_tiers(tiers: dict[str, int]) -> str:

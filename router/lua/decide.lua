@@ -148,9 +148,10 @@ local function holds(v, s)
 end
 
 -- The leading run of chain c's blocks (hex, count of them) each candidate holds under key prefix kp, for
--- the candidates of chain c holding its first block at a slot the index says is theirs: run[i].
-local function runs(kp, c, hex, count)
-  local R, run = {}, {}
+-- the candidates of chain c holding its first block at a slot the index says is theirs: written to run[i]
+-- (returned; the device's runs go straight into `overlap`).
+local function runs(kp, c, hex, count, run)
+  local R = {}
   local function fetch(pos)
     local block_keys = {}
     for j = 1, #pos do
@@ -247,15 +248,14 @@ for c = 1, nchains do
   local hex = chain_hex(c)
   local count = #hex / 16
   prompt[c] = chain_blocks(c)
-  local dev = runs(prefix, c, hex, count)
-  for i, r in pairs(dev) do overlap[i] = r end
+  runs(prefix, c, hex, count, overlap)
   if TC then
-    local host, disk = runs(prefix .. 'h', c, hex, count), runs(prefix .. 'd', c, hex, count)
+    local host, disk = runs(prefix .. 'h', c, hex, count, {}), runs(prefix .. 'd', c, hex, count, {})
     local shared = shared_run(prefix .. 'g', hex, count)
     for i = 1, n do
       if chain_of(i) == c then
         local b = 3 * (i - 1)
-        local r0 = dev[i] or 0
+        local r0 = overlap[i] or 0
         local r1 = max(r0, host[i] or 0)
         local r2 = max(r1, disk[i] or 0)
         local r3 = max(r2, shared)

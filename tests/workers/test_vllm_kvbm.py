@@ -24,7 +24,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -40,6 +39,7 @@ from tests.support.ports import free_port  # noqa: E402
 from tests.workers.vllm_support import MODEL, TEST_SETTINGS, smollm2_weights_dir  # noqa: E402
 from workers.engines.base import EngineRequest  # noqa: E402
 from workers.engines.vllm.engine import VllmEngine  # noqa: E402
+from workers.kvbm.stats import TierStats  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -62,8 +62,8 @@ class Scenario:
     again: dict[str, Run] = field(default_factory=dict)
     host_after_cold: list[int] = field(default_factory=list)
     tier_events: list[BlockStored] = field(default_factory=list)
-    stats_a: dict[str, Any] = field(default_factory=dict)
-    stats_b: dict[str, Any] = field(default_factory=dict)
+    stats_a: TierStats = field(default_factory=TierStats)
+    stats_b: TierStats = field(default_factory=TierStats)
 
 
 def prompt(seed: int, n: int) -> list[int]:
@@ -151,12 +151,12 @@ async def test_onboard_from_host_gives_the_same_output(scenario: Scenario) -> No
     cold, again = scenario.cold["P"], scenario.again["P"]
     assert again.tokens == cold.tokens
     assert again.usage is not None and again.usage.cached_tokens >= (len(scenario.prompts["P"]) - 1) // BLOCK * BLOCK
-    assert scenario.stats_a["hits"].get("host", 0) >= len(scenario.prompts["P"]) // BLOCK - 1
+    assert scenario.stats_a.hits.get("host", 0) >= len(scenario.prompts["P"]) // BLOCK - 1
 
 
 async def test_corrupt_block_is_recomputed(scenario: Scenario) -> None:
     assert scenario.again["C"].tokens == scenario.cold["C"].tokens
-    assert scenario.stats_b["recomputes"].get("corrupt", 0) >= 1
+    assert scenario.stats_b.recomputes.get("corrupt", 0) >= 1
 
 
 async def test_shared_tier_down_is_a_recompute(scenario: Scenario) -> None:
@@ -167,7 +167,7 @@ async def test_shared_tier_down_is_a_recompute(scenario: Scenario) -> None:
 async def test_new_engine_serves_a_prompt_from_disk(scenario: Scenario) -> None:
     assert scenario.again["E"].tokens == scenario.cold["E"].tokens
     assert scenario.again["E"].usage is not None and scenario.again["E"].usage.cached_tokens > 0
-    assert scenario.stats_b["hits"].get("disk", 0) >= len(scenario.prompts["E"]) // BLOCK - 1
+    assert scenario.stats_b.hits.get("disk", 0) >= len(scenario.prompts["E"]) // BLOCK - 1
 
 
 async def test_tiers_serve_beside_nixl() -> None:
@@ -190,7 +190,7 @@ async def test_tiers_serve_beside_nixl() -> None:
         await shut_down(engine, held)
     assert second.tokens == first.tokens
     assert second.usage is not None and second.usage.cached_tokens == 288
-    assert stats["hits"]["host"] == 9
+    assert stats.hits["host"] == 9
 
 
 def test_default_has_no_connector() -> None:

@@ -98,7 +98,3 @@ class Chains:
         gone = list(self.parent)
         self.__init__()  # type: ignore[misc]
         return gone
-
-    def orphans(self) -> list[int]:
-        """Held blocks whose parent is not held (none, unless something broke the rule)."""
-        return [b for b, p in self.parent.items() if p is not None and p not in self.parent]

@@ -24,9 +24,7 @@ TYPICAL_RUN_BLOCKS = 16
 def configured_onboard_s(settings: KvbmSettings, tier: str, block_bytes: int) -> float:
     """Seconds per block a tier's configured bandwidth and latency give (the mocker's simulated time, and
     every engine's prior until it has measured onboards)."""
-    gb_per_s = getattr(settings, f"{tier}_gb_per_s")
-    latency_ms = getattr(settings, f"{tier}_latency_ms")
-    return block_bytes / (gb_per_s * 1e9) + latency_ms / 1000.0 / TYPICAL_RUN_BLOCKS
+    return settings.read_s(tier, TYPICAL_RUN_BLOCKS, block_bytes) / TYPICAL_RUN_BLOCKS
 
 
 def tier_credits(onboard_s_per_block: Mapping[str, float], prefill_s_per_block: float) -> dict[str, float]:

@@ -66,8 +66,3 @@ class TierStats:
     def __setstate__(self, state: dict[str, object]) -> None:
         vars(self).update(state)
         self._lock = threading.Lock()
-
-    def mean_onboard_s(self, tier: str) -> float | None:
-        with self._lock:
-            row = self.onboard_seconds.get(tier)
-            return row[1] / row[0] if row and row[0] else None

@@ -56,7 +56,6 @@ class TierRead:
 
     payloads: list[bytes] = field(default_factory=list)
     tiers: list[str] = field(default_factory=list)
-    seconds: float = 0.0
     stopped: str | None = None
 
     def __len__(self) -> int:
@@ -84,6 +83,8 @@ class LocalTier(Protocol):
 
     def __contains__(self, block_hash: int) -> bool: ...
     def __len__(self) -> int: ...
+    @property
+    def used_bytes(self) -> int: ...
     def get(self, block_hash: int) -> bytes | None: ...
     def put(self, block_hash: int, frame: bytes, parent: int | None = None) -> tuple[bool, list[int]]: ...
     def discard(self, block_hash: int) -> list[int]: ...
@@ -189,7 +190,7 @@ class KvTiers:
             for h, frame, parent in frames:
                 if h in tier:
                     if tier is self.host:
-                        tier.get(h)  # a repeat offer counts as a use for the frequency filter
+                        self.touch([h])  # a repeat offer counts as a use for the frequency filter
                     continue
                 taken, gone = tier.put(h, frame, parent)
                 if taken:
@@ -282,7 +283,6 @@ class KvTiers:
                 self.stats.onboard_took(tier_name, seconds)
         if read.stopped in ("timeout", "down"):
             self.stats.recomputed(read.stopped, len(block_hashes) - len(read))
-        read.seconds = time.monotonic() - start
         if self.host is not None and read.payloads:
             parents = [parent, *block_hashes[: len(read) - 1]]
             promote = [(h, p, up) for h, p, t, up in zip(block_hashes, read.payloads, read.tiers, parents, strict=False)
@@ -339,7 +339,7 @@ class KvTiers:
 
     def held(self) -> dict[str, tuple[int, int]]:
         """Per local tier: blocks held and their bytes."""
-        return {t.name: (len(t), len(t) * self.frame_bytes) for t in self.local}
+        return {t.name: (len(t), t.used_bytes) for t in self.local}
 
     def report(self) -> TierReport:
         return TierReport(self.names, self.held(), self.stats.snapshot(),

@@ -120,13 +120,8 @@ class MockerTiers:
         its latency plus its blocks at its bandwidth; 0 with ``no_sleep``."""
         if self.settings.no_sleep:
             return 0.0
-        total = 0.0
-        for tier in set(tiers):
-            blocks = tiers.count(tier)
-            gb_per_s = getattr(self.kvbm, f"{tier}_gb_per_s")
-            total += getattr(self.kvbm, f"{tier}_latency_ms") / 1000.0
-            total += blocks * self.settings.kv_bytes_per_block / (gb_per_s * 1e9)
-        return total / self.settings.speedup
+        block_bytes = self.settings.kv_bytes_per_block
+        return sum(self.kvbm.read_s(tier, tiers.count(tier), block_bytes) for tier in set(tiers)) / self.settings.speedup
 
     # ---- what the router is told ------------------------------------------------------------------
     def credits(self) -> str:

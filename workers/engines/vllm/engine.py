@@ -100,6 +100,7 @@ from workers.engines.vllm.kv_transfer import (
 )
 from workers.engines.vllm.kvbm_connector import TierClient
 from workers.engines.vllm.stats import EngineCounters, recorder_factory
+from workers.kvbm.stats import TierStats
 from workers.kvbm.tiers import TierReport
 
 log = logging.getLogger(__name__)
@@ -589,9 +590,9 @@ class VllmEngine(Engine):
     def tier_report(self) -> TierReport | None:
         return self._tier_report
 
-    def tier_stats(self) -> dict[str, Any]:
-        """The tiers' counters (workers.kvbm.stats), asked of vLLM's worker process."""
-        return dict(self._tiers.call("stats", timeout_s=2.0)) if self._tiers is not None else {}
+    def tier_stats(self) -> TierStats:
+        """The tiers' counters now (workers.kvbm.stats), asked of vLLM's worker process (tests)."""
+        return self._tiers.call("report", timeout_s=2.0).stats if self._tiers is not None else TierStats()
 
     def flush_tiers(self, timeout_s: float = 10.0) -> bool:
         """Wait until every block offloaded so far is written to its tiers (tests, shutdown)."""

@@ -36,7 +36,6 @@ salts (their blocks are neither offloaded nor onboarded): what Sluice's vLLM wor
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -123,7 +122,7 @@ class KvbmWorkerMeta(KVConnectorWorkerMetadata):
 
 # ---- the tiers' socket ------------------------------------------------------------------------------------
 class TierClient:
-    """Asks the worker process's tiers (``lookup``, ``snapshot``, ``stats``, ``report``, ``flush``) over its socket.
+    """Asks the worker process's tiers (``lookup``, ``snapshot``, ``report``, ``flush``) over its socket.
 
     Thread-safe; a call that fails or times out drops the connection (the next call connects again) and
     raises :class:`TimeoutError` or :class:`OSError`."""
@@ -212,8 +211,6 @@ class _TierServer:
             return self.tiers.lookup(args[0])
         if op == "snapshot":
             return self.tiers.snapshot()
-        if op == "stats":
-            return tier_stats(self.tiers)
         if op == "report":
             return self.tiers.report()
         if op == "flush":
@@ -223,12 +220,6 @@ class _TierServer:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._listener.close()
-
-
-def tier_stats(tiers: KvTiers) -> dict[str, Any]:
-    """The tiers' counters as plain data (for the adapter and tests)."""
-    fields = {k: v for k, v in vars(tiers.stats).items() if not k.startswith("_")}
-    return json.loads(json.dumps(fields, default=str))
 
 
 # ---- block <-> bytes -----------------------------------------------------------------------------------------
