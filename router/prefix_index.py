@@ -303,8 +303,8 @@ class PrefixIndex:
         return {int(s): text(w) for s, w in raw.items()}
 
     async def sizes(self, worker_ids: Sequence[str], model: str | None = None) -> dict[str, int]:
-        """How many blocks the index lists for each worker (events and approximate guesses; with hash
-        tags, workers of ``model``)."""
+        """How many blocks the index lists for each worker (events and approximate guesses, its host and
+        disk tiers' blocks included; with hash tags, workers of ``model``)."""
         async with self.client.pipeline(transaction=False) as pipe:
             for wid in worker_ids:
                 pipe.scard(self.keys.kv_worker(wid, model))

@@ -43,7 +43,8 @@ def worker_json(w: LiveWorker, snap: ClusterSnapshot) -> dict[str, Any]:
     """One worker's line. Its KV cache in two figures from its heartbeat: ``kv_blocks_used``, the blocks
     its requests hold (the load the routers weigh: 0 on an idle worker, whatever it has cached), and
     ``kv_blocks_cached``, the blocks holding cached prefixes, in use or evictable (what the prefix
-    index should list for it, ``index_blocks``)."""
+    index should list for it, ``index_blocks``; for a worker with KV tiers the index also lists what its
+    host and disk tiers hold, ``kv_tiers``, so there ``index_blocks`` is their sum)."""
     r, load = w.record, w.load
     return {
         "worker_id": r.worker_id, "model": r.model, "pool": r.pool, "engine": r.engine,
