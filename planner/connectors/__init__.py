@@ -1,0 +1,1 @@
+"""Where the planner's decisions take effect: :mod:`planner.connectors.base` is the contract."""
