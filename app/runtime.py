@@ -33,7 +33,7 @@ from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings
 from router.cluster import ClusterReader
 from router.disagg import split_pools
-from router.frontends import FrontendRecord, FrontendRegistry
+from router.frontends import FrontendRecord, FrontendRegistry, LoadCounters
 from router.kv_policy import KvPolicy
 from router.policies import LeastLoadedPolicy, Policy, PoolPolicy, RandomPolicy, RoundRobinPolicy
 from router.reaper import run_reaper
@@ -51,6 +51,8 @@ class FrontendRuntime:
     settings: Settings
     frontend_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
+    #: Per model, what this process served since it started: published with its lease for the planner.
+    load: dict[str, LoadCounters] = field(default_factory=dict)
 
     async def start(self) -> None:
         s = self.settings
@@ -99,7 +101,8 @@ class FrontendRuntime:
         carries the frontend's record (router.frontends: its address, for ``sluice status`` and Prometheus)."""
         record = FrontendRecord(frontend_id=self.frontend_id, url=self.url, metrics_url=self.metrics_url,
                                 router_mode=self.settings.router.mode, started_at=self._started_at,
-                                in_flight=self.hub.in_flight(), updated_at=time.time())
+                                in_flight=self.hub.in_flight(), updated_at=time.time(),
+                                load={model: counters.as_list() for model, counters in self.load.items()})
         await self.frontends.renew(record, self.settings.frontend.lease_ttl_s)
 
     async def _prepare_routing(self, by_model: dict[str, list[LiveWorker]]) -> None:
@@ -127,6 +130,12 @@ class FrontendRuntime:
             "least_loaded": LeastLoadedPolicy(),
             "pool": PoolPolicy(),
         }
+
+    def load_of(self, model: str) -> LoadCounters:
+        found = self.load.get(model)
+        if found is None:
+            found = self.load[model] = LoadCounters()
+        return found
 
     def policy(self, mode: str) -> Policy:
         try:

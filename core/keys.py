@@ -34,6 +34,8 @@ MAX_WORKER_SLOTS = 4096
 #: router stores it again in a decision once half of this has passed, and replaces it at its next registry
 #: snapshot, so this only bounds what a router that died leaves behind.
 ROUTER_TABLE_TTL_MS = 60_000
+#: How many decisions the planner's decision stream keeps (approximately; ``XADD MAXLEN ~``).
+PLANNER_DECISIONS_MAXLEN = 10_000
 #: The rate-limit window: API keys' limits are per minute (rpm, tpm), counted in fixed windows.
 RATE_WINDOW_S = 60
 #: How long a window's counters outlive the window's start (tokens may still be charged late).
@@ -252,3 +254,27 @@ class Keys:
     def bookkeeping_queue(self) -> str:
         """Celery queue of usage-record batches, consumed by the bookkeeper (workers.bookkeeping)."""
         return f"sluice.{self.namespace}.bookkeeping"
+
+    # --- planner -------------------------------------------------------------------------------
+    @property
+    def planner_leader(self) -> str:
+        """String with a TTL: the token of the planner process that acts for this namespace (a second one
+        stands by until the key lapses; planner.leader)."""
+        return f"{self.prefix}:planner:leader"
+
+    @property
+    def planner_decisions(self) -> str:
+        """Stream of the planner's decisions (JSON, ``planner.decision.Decision``), newest last, capped at
+        :data:`PLANNER_DECISIONS_MAXLEN`: what ``sluice planner status`` and an external orchestrator read."""
+        return f"{self.prefix}:planner:decisions"
+
+    @property
+    def planner_state(self) -> str:
+        """String: the planner's own state (JSON, ``planner.decision.PlannerState``): its last observations
+        and actions, so a restarted planner resumes where the last one stopped."""
+        return f"{self.prefix}:planner:state"
+
+    @property
+    def planner_targets(self) -> str:
+        """Hash ``model/pool`` -> replicas: the virtual connector's decisions, for an external orchestrator."""
+        return f"{self.prefix}:planner:targets"

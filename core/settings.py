@@ -308,6 +308,85 @@ class KvbmSettings(BaseModel):
         return self.disk_dir is not None and self.disk_bytes > 0
 
 
+class PlannerThresholds(BaseModel):
+    """The threshold modes' triggers (planner.modes): a pool grows when its workers' mean KV usage passes
+    ``kv_high`` or more than ``queue_high`` requests per worker wait (in the engines and the queues),
+    and shrinks while one worker fewer would keep the usage under ``kv_low`` with nothing waiting."""
+
+    kv_high: float = Field(0.8, gt=0, le=1)
+    kv_low: float = Field(0.4, ge=0, lt=1)
+    queue_high: float = Field(2.0, ge=0)
+
+
+class PlannerSettings(BaseModel):
+    """``sluice planner`` (planner/, docs/planner.md): one per namespace, it sizes each pool of each model."""
+
+    #: ``throughput``: grow on queue depth and KV usage, no profile needed; ``latency``: the same, earlier;
+    #: ``load``: the same with ``load_thresholds``; ``sla``: replicas from the predicted load and the
+    #: profile (``profile``), to meet ``ttft_s`` and ``itl_s``.
+    mode: Literal["throughput", "latency", "load", "sla"] = "throughput"
+    #: ``local``: starts and stops ``sluice worker`` processes on this machine; ``kubernetes``: scales each
+    #: pool's Deployment; ``virtual``: writes its decisions to Redis for an orchestrator to carry out.
+    connector: Literal["local", "kubernetes", "virtual"] = "local"
+    #: The models it sizes (unset: ``SLUICE_MODEL``) and their layout: ``agg`` sizes the agg pool,
+    #: ``disagg`` the prefill and decode pools.
+    models: list[str] = Field(default_factory=list)
+    layout: Literal["agg", "disagg"] = "agg"
+    #: The adjustment interval, and the fast path that reacts to bursts between adjustments (it only grows).
+    interval_s: float = Field(60.0, gt=0)
+    fast_interval_s: float = Field(5.0, gt=0)
+    #: How the next interval's rate, input and output lengths are predicted (planner.predictors); ``constant``
+    #: erred least on the bench's day (docs/planner.md, "Predictors").
+    predictor: Literal["constant", "moving_average", "arima", "kalman"] = "constant"
+    #: Observations the predictors keep (moving average, ARIMA).
+    predictor_window: int = Field(10, ge=1)
+    #: Replicas per pool, and of all pools of all models together.
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(8, ge=1)
+    budget: int = Field(16, ge=1)
+    #: Hysteresis: a pool shrinks only after this many intervals in a row that wanted fewer workers, and
+    #: not within this many intervals of growing.
+    down_after_intervals: int = Field(2, ge=1)
+    cooldown_intervals: int = Field(2, ge=0)
+    #: ``sla`` mode: the targets (mean TTFT and mean ITL per interval) and the profile ``sluice profile`` wrote.
+    ttft_s: float = Field(2.0, gt=0)
+    itl_s: float = Field(0.05, gt=0)
+    profile: Path | None = None
+    #: ``sla`` mode: the highest share of a prefill worker's time the plan fills, so queueing leaves
+    #: prompts within the TTFT target.
+    prefill_utilization: float = Field(0.7, gt=0, le=1)
+    #: ``sla`` mode: the share of each target the plan aims at. The model predicts means; aiming under
+    #: the targets leaves room for the spread around them, so that most requests meet them, not half.
+    sla_margin: float = Field(0.8, gt=0, le=1)
+    throughput_thresholds: PlannerThresholds = PlannerThresholds()
+    latency_thresholds: PlannerThresholds = PlannerThresholds(kv_high=0.6, kv_low=0.25, queue_high=0.5)
+    load_thresholds: PlannerThresholds = PlannerThresholds()
+    #: The fast path grows a pool at once past these (a burst that cannot wait for the next interval).
+    burst_kv: float = Field(0.9, gt=0, le=1)
+    burst_queue: float = Field(4.0, gt=0)
+    #: The leader's lock: a planner that stops renewing it loses it after this long.
+    lock_ttl_s: float = Field(15.0, gt=0)
+    #: Where the load is read: ``redis`` (what frontends and workers publish) or ``prometheus`` (the
+    #: frontends' metrics through ``prometheus_url``; workers' load still from Redis).
+    source: Literal["redis", "prometheus"] = "redis"
+    prometheus_url: str | None = None
+    #: ``local`` connector: where it keeps its workers' state and logs (unset: the cache dir's ``planner``),
+    #: and the command that starts one worker (unset: this Python's ``-m sluice worker``); each worker
+    #: gets ``--name`` and ``SLUICE_MODEL``/``SLUICE_WORKER__POOL`` in its environment.
+    local_dir: Path | None = None
+    worker_command: list[str] = Field(default_factory=list)
+    #: ``kubernetes`` connector: the namespace, and each pool's Deployment (``{model}`` and ``{pool}`` are
+    #: filled in).
+    k8s_namespace: str = "sluice"
+    k8s_deployment: str = "worker-{pool}"
+    #: The planner's Prometheus ``/metrics`` (planner.metrics): address and port (0: a free one; -1: none),
+    #: and the host name Prometheus reaches it at, published with its lease (router.discovery; unset:
+    #: ``metrics_host``, or this machine's address when that is a wildcard).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=-1, le=65535)
+    metrics_advertise_host: str | None = None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SLUICE_", env_nested_delimiter="__", extra="ignore", populate_by_name=True
@@ -327,6 +406,7 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     accounts: AccountsSettings = AccountsSettings()
     kvbm: KvbmSettings = KvbmSettings()
+    planner: PlannerSettings = PlannerSettings()
 
     # Flat aliases for the options people set most; they override the nested form, and are validated
     # as it is (``model_post_init`` copies them without validation).

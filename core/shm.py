@@ -17,7 +17,9 @@ process may show either name. Linux only (``/proc``); elsewhere every set is emp
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +66,17 @@ class ShmEntries:
                 continue
             removed.append(entry.name)
         return sorted(removed)
+
+    async def release(self, timeout_s: float) -> None:
+        """Remove these entries as their holders let go of them, for up to ``timeout_s`` seconds: after an
+        engine's shutdown, its killed processes' segments are left to a resource tracker that lasts as long
+        as the process that started them."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.remove_orphans()
+            if not any((SHM / e.name).exists() for e in self.entries) or time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.2)
 
 
 def entries() -> list[ShmEntry]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import cast
 
 import redis.asyncio as aioredis
@@ -23,6 +23,43 @@ from core.redis_values import text
 #: How long a frontend whose lease ended stays in the sorted set (it is listed as live only while its
 #: lease lasts).
 FORGET_AFTER_S = 600.0
+
+
+#: The counters of :class:`LoadCounters`, in the order a record's ``load`` lists them.
+LOAD_FIELDS = ("arrived", "finished", "input_tokens", "output_tokens", "ttft_s", "ttft_n", "decode_s", "gaps")
+
+
+@dataclass(slots=True)
+class LoadCounters:
+    """What one frontend process served of one model since it started (counters only grow): the load the
+    planner reads (planner.observe), which differences two readings to get an interval's rate, mean input
+    and output lengths, mean TTFT and mean ITL.
+
+    ``arrived`` counts requests as they are routed; the rest count finished requests: prompt and generated
+    tokens, the TTFT of those that streamed a token (``ttft_s`` summed over ``ttft_n``), and their decode
+    time (first token to last, ``decode_s``) over the gaps between their tokens (``gaps``): ``decode_s /
+    gaps`` is the interval's token-weighted mean ITL.
+    """
+
+    arrived: int = 0
+    finished: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float = 0.0
+    ttft_n: int = 0
+    decode_s: float = 0.0
+    gaps: int = 0
+
+    def as_list(self) -> list[float]:
+        return [getattr(self, name) for name in LOAD_FIELDS]
+
+    @classmethod
+    def from_list(cls, values: list[float]) -> LoadCounters:
+        """Counters from a record's list; a shorter list (an older writer) leaves the rest 0."""
+        out = cls()
+        for name, value in zip(LOAD_FIELDS, values, strict=False):
+            setattr(out, name, type(getattr(out, name))(value))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +76,8 @@ class FrontendRecord:
     #: Requests it was serving at the renewal.
     in_flight: int = 0
     updated_at: float = 0.0
+    #: Per model, the :class:`LoadCounters` since the frontend started, as lists (``LOAD_FIELDS``).
+    load: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

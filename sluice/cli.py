@@ -388,6 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     from sluice.observe_cli import add_observe_commands
 
     add_observe_commands(sub)
+    from sluice.planner_cli import add_planner, add_profile
+
+    add_planner(sub, LOG_LEVELS)
+    add_profile(sub)
     return parser
 
 

@@ -2,7 +2,7 @@
 (``sluice dashboard > docker/grafana/sluice.json``; a test keeps the file equal to this).
 
 Every expression reads series the processes export (app/metrics.py, workers/metrics.py,
-workers/kvbm/metrics.py) with the
+workers/kvbm/metrics.py, planner/metrics.py) with the
 labels Prometheus adds from service discovery (sluice.observe, router.discovery: ``worker``,
 ``model``, ``pool``, ``component``). ``$__rate_interval`` is Grafana's; the end-to-end test
 (tests/e2e/test_observability.py) evaluates each expression against a real Prometheus.
@@ -128,6 +128,21 @@ ROWS: tuple[Row, ...] = (
         ), "short", "Blocks per second a tier should have given and that were recomputed: corrupt (failed "
                     "its checksum), timeout (slower than SLUICE_KVBM__TIMEOUT_MS), down (the shared tier did "
                     "not answer); and blocks not offloaded because the offload queue was full"),
+    )),
+    Row("Planner", (
+        Panel("Replicas per pool", (
+            Query("max by (model, pool) (sluice_planner_desired_replicas)", "asked {{model}}/{{pool}}"),
+            Query("max by (model, pool) (sluice_planner_actual_replicas)", "live {{model}}/{{pool}}"),
+        ), "short", "What the acting planner asked each pool for, and the live workers it saw (sluice planner)"),
+        Panel("Load observed and predicted", (
+            Query('max by (model) (sluice_planner_observed_load{quantity="rate"})', "observed {{model}}"),
+            Query('max by (model) (sluice_planner_predicted_load{quantity="rate"})', "predicted {{model}}"),
+        ), "reqps", "Requests per second over the last interval, and the predictor's next interval"),
+        Panel("Scaling actions", (Query(
+            f"sum by (pool, direction) (increase(sluice_planner_actions_total[{RATE}]))", "{{pool}} {{direction}}"),),
+            "short", "Pools grown and shrunk by the planner", stacked=True),
+        Panel("Corrections", (Query("max by (model, phase) (sluice_planner_correction)", "{{model}} {{phase}}"),),
+              "short", "sla mode: observed over expected TTFT (prefill) and ITL (decode); 1: the profile holds"),
     )),
 )
 

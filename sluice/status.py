@@ -29,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from core.settings import Settings
+from planner.status import planner_json, render_planner
 from router.cluster import ClusterReader, ClusterSnapshot
 from router.registry import LiveWorker, parse_pairs, parse_tier_credit
 from sluice.polling import deployment_planes, redis_names, repeat, run_until_interrupted
@@ -81,8 +82,9 @@ def model_json(model: str, snap: ClusterSnapshot) -> dict[str, Any]:
     }
 
 
-def status_json(snap: ClusterSnapshot) -> dict[str, Any]:
-    """Everything ``sluice status`` shows, as plain data (``--json``)."""
+def status_json(snap: ClusterSnapshot, planner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything ``sluice status`` shows, as plain data (``--json``); ``planner``: the planner's part
+    (planner.status.planner_json), when one ever decided anything."""
     frontends = [{
         "frontend_id": f.record.frontend_id, "url": f.record.url, "metrics_url": f.record.metrics_url,
         "router_mode": f.record.router_mode, "in_flight": f.record.in_flight,
@@ -97,6 +99,7 @@ def status_json(snap: ClusterSnapshot) -> dict[str, Any]:
         "models": [model_json(m, snap) for m in snap.models()],
         "workers": [worker_json(w, snap) for w in snap.workers],
         "frontends": frontends,
+        "planner": planner,
     }
 
 
@@ -169,11 +172,14 @@ def render(status: dict[str, Any], wide: bool = False) -> RenderableType:
         frontends.add_row(f["frontend_id"], f["url"], f["router_mode"], str(f["in_flight"]),
                           fmt_seconds(f["heartbeat_age_s"]), fmt_seconds(f["uptime_s"]))
     parts.append(frontends if status["frontends"] else Text("No live frontend.", style="yellow"))
+    planner = status.get("planner")
+    if planner and (planner["acting"] or planner["decisions"]):
+        parts.append(render_planner(planner, status["taken_at"]))
     return Group(head, *(p for part in parts[1:] for p in ("", part)))
 
 
 # ---- the command -------------------------------------------------------------------------------
-Show = Callable[[ClusterSnapshot | None, str], None]
+Show = Callable[[ClusterSnapshot | None, dict[str, Any] | None, str], None]
 
 
 async def _watch(settings: Settings, interval_s: float | None, show: Show) -> int:
@@ -185,10 +191,11 @@ async def _watch(settings: Settings, interval_s: float | None, show: Show) -> in
         async def step() -> bool:
             try:
                 snap = await reader.read()
+                planner = await planner_json(planes.broker, planes.topology.keys)
             except Exception as exc:  # noqa: BLE001 - said on the screen; a watch keeps trying
-                show(None, f"cannot read {redis_names(planes.topology)}: {exc}")
+                show(None, None, f"cannot read {redis_names(planes.topology)}: {exc}")
                 return False
-            show(snap, "")
+            show(snap, planner, "")
             return True
 
         try:
@@ -200,22 +207,24 @@ async def _watch(settings: Settings, interval_s: float | None, show: Show) -> in
 def run(settings: Settings, *, watch_s: float | None, as_json: bool, console: Console | None = None) -> int:
     console = console or Console()
     if as_json:
-        def show_json(snap: ClusterSnapshot | None, error: str) -> None:
+        def show_json(snap: ClusterSnapshot | None, planner: dict[str, Any] | None, error: str) -> None:
             if snap is None:
                 print(f"sluice status: {error}", file=sys.stderr, flush=True)
             else:  # with --watch, one document a line
-                print(json.dumps(status_json(snap), indent=None if watch_s else 2), flush=True)
+                print(json.dumps(status_json(snap, planner), indent=None if watch_s else 2), flush=True)
         return run_until_interrupted(_watch(settings, watch_s, show_json))
 
-    def view(snap: ClusterSnapshot | None, error: str) -> RenderableType:
+    def view(snap: ClusterSnapshot | None, planner: dict[str, Any] | None, error: str) -> RenderableType:
         if snap is None:
             return Text(f"sluice status: {error}", "red")
-        return render(status_json(snap), wide=console.width >= WIDE_COLUMNS)
+        return render(status_json(snap, planner), wide=console.width >= WIDE_COLUMNS)
 
     if watch_s is None:
-        return run_until_interrupted(_watch(settings, None, lambda snap, error: console.print(view(snap, error))))
+        return run_until_interrupted(_watch(settings, None, lambda snap, planner, error: console.print(
+            view(snap, planner, error))))
     from rich.live import Live
 
     with Live(console=console, auto_refresh=False) as live:
         return run_until_interrupted(
-            _watch(settings, watch_s, lambda snap, error: live.update(view(snap, error), refresh=True)))
+            _watch(settings, watch_s, lambda snap, planner, error: live.update(view(snap, planner, error),
+                                                                                refresh=True)))

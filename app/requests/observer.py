@@ -59,6 +59,9 @@ class RequestObserver:
         self._itl = rt.metrics.child(rt.metrics.itl, model)
         self._enqueued_at = 0.0
         self._queue_timed = False
+        self._gaps = 0
+        self._load = rt.load_of(model)
+        self._load.arrived += 1
 
     def enqueued(self) -> None:
         """An attempt was routed and enqueued now: its queue time counts from here."""
@@ -85,6 +88,7 @@ class RequestObserver:
             gap = (now - self.t_last) / n
             for _ in range(n):
                 self._itl.observe(gap)
+            self._gaps += n
         self.t_last = now
 
     def finish(self, outcome: Outcome) -> None:
@@ -105,9 +109,23 @@ class RequestObserver:
             finish_reason=outcome.finish_reason, error_type=outcome.error_type, created_at=self.wall0)
         self.rt.accounts.finish(self.principal, record)
         log_request(record, outcome.user, outcome.disagg_reason)
+        self._tally(outcome, ttft)
         self.rt.metrics.observe_finished(outcome.model, outcome.finish_reason, outcome.error_type, ttft,
                                          end - self.t0, outcome.completion_tokens, outcome.prompt_tokens,
                                          outcome.cached_tokens, outcome.transferred_tokens)
+
+    def _tally(self, outcome: Outcome, ttft: float | None) -> None:
+        """The request in its model's load counters (what the planner reads from the frontend's lease)."""
+        load = self._load
+        load.finished += 1
+        load.input_tokens += outcome.prompt_tokens
+        load.output_tokens += outcome.completion_tokens
+        if ttft is not None:
+            load.ttft_s += ttft
+            load.ttft_n += 1
+        if self._gaps and self.t_first is not None and self.t_last is not None:
+            load.decode_s += self.t_last - self.t_first
+            load.gaps += self._gaps
 
 
 def log_request(record: UsageRecord, user: str | None = None, disagg_reason: str | None = None) -> None:

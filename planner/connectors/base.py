@@ -29,8 +29,9 @@ class Connector(Protocol):
     #: A short name for logs and metrics (``local``, ``kubernetes``, ``virtual``).
     name: str
 
-    async def current(self, pool: PoolRef) -> int:
-        """Replicas the connector has asked for (or found) for ``pool``: what ``scale`` set last."""
+    async def current(self, pool: PoolRef) -> int | None:
+        """Replicas the connector has asked for (or found) for ``pool``: what ``scale`` set last; None when
+        it has no record of the pool (the planner then counts its live workers)."""
         ...
 
     async def scale(self, pool: PoolRef, replicas: int, reason: str) -> None:

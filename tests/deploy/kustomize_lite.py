@@ -2,14 +2,17 @@
 
 Supported: ``resources`` (files and directories holding a kustomization), ``namespace``, and
 ``patches`` that are strategic-merge files, aimed by the patch's own kind and name or by a
-``target`` (kind, name as a regular expression, equality-based ``labelSelector``). Any other field
+``target`` (kind, name as a regular expression, equality-based ``labelSelector``); a patch whose
+top level says ``$patch: delete`` removes the resources it aims at. Any other field
 is refused, so a kustomization that grows a feature this module does not apply fails here instead
 of rendering something kustomize would not.
 
 Strategic merge, as kustomize's kyaml does it for built-in kinds: maps merge key by key (``null``
 deletes); lists with a merge key (``containers``, ``env``: ``name``; ``volumeMounts``:
 ``mountPath``; ``ports``: ``containerPort``) merge item by item, the patch's items first in the
-patch's order, then the items only the original has; every other list is replaced. When
+patch's order, then the items only the original has; every other list is replaced. The
+``namespace`` also goes to a (Cluster)RoleBinding's subjects that name one of the kustomization's
+ServiceAccounts without a namespace or with ``default``, as kustomize moves references along. When
 ``kubectl`` or ``kustomize`` is installed, tests/deploy/test_k8s.py holds this renderer equal to it.
 """
 
@@ -54,10 +57,20 @@ def build(directory: Path) -> list[Manifest]:
     for patch_entry in kustomization.get("patches", []):
         _apply_patch(directory, patch_entry, manifests)
     if namespace := kustomization.get("namespace"):
-        for manifest in manifests:
-            if manifest["kind"] not in CLUSTER_SCOPED:
-                manifest["metadata"]["namespace"] = namespace
+        _set_namespace(manifests, namespace)
     return manifests
+
+
+def _set_namespace(manifests: list[Manifest], namespace: str) -> None:
+    accounts = {m["metadata"]["name"] for m in manifests if m["kind"] == "ServiceAccount"}
+    for manifest in manifests:
+        if manifest["kind"] not in CLUSTER_SCOPED:
+            manifest["metadata"]["namespace"] = namespace
+        if manifest["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            for subject in manifest.get("subjects", []):
+                if (subject["kind"] == "ServiceAccount" and subject["name"] in accounts
+                        and subject.get("namespace", "default") == "default"):
+                    subject["namespace"] = namespace
 
 
 def _read_kustomization(directory: Path) -> dict[str, Any]:
@@ -80,6 +93,12 @@ def _apply_patch(directory: Path, entry: dict[str, Any], manifests: list[Manifes
     matched = [m for m in manifests if _matches(m, target)]
     if not matched:
         raise UnsupportedKustomization(f"{directory}: patch {entry['path']} matches no resource")
+    directive = patch.pop("$patch", None)
+    if directive == "delete":
+        manifests[:] = [m for m in manifests if all(m is not gone for gone in matched)]
+        return
+    if directive is not None:
+        raise UnsupportedKustomization(f"{directory}: patch {entry['path']}: $patch: {directive} not supported")
     for manifest in matched:
         builtin = manifest["apiVersion"].rpartition("/")[0] in BUILTIN_GROUPS
         body = {k: v for k, v in patch.items() if k not in ("apiVersion", "kind", "metadata")}

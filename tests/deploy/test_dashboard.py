@@ -18,7 +18,7 @@ DASHBOARD = ROOT / "docker" / "grafana" / "sluice.json"
 RULES = ROOT / "docker" / "prometheus" / "rules.yml"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 #: Where the processes declare their metrics (the dashboard's own module is left out: it only reads them).
-CODE = ("app", "core", "router", "workers")
+CODE = ("app", "core", "router", "workers", "planner")
 _METRIC = re.compile(r"\bsluice_[a-z0-9_]+\b")
 _SERIES_SUFFIXES = ("_bucket", "_sum", "_count")
 

@@ -43,6 +43,8 @@ Manifest = dict[str, Any]
 
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("mocker", "vllm-gpu")
+#: With the planner's, which replaces the KEDA scalers (tests/deploy/test_k8s_planner.py checks the rest).
+EVERY_OVERLAY = (*OVERLAYS, "planner")
 #: The oldest Kubernetes release the manifests are meant for, and the newest kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.30", "1.37")
 POOLS: tuple[str, ...] = tuple(Pool)
@@ -107,6 +109,7 @@ def _kustomize_command() -> list[str] | None:
     return None
 
 
+@pytest.mark.parametrize("overlay", EVERY_OVERLAY)
 def test_renders_as_kustomize_does(overlay: str) -> None:
     command = _kustomize_command()
     if command is None:
@@ -119,6 +122,7 @@ def test_renders_as_kustomize_does(overlay: str) -> None:
     assert [key for key in rendered if rendered[key] != expected[key]] == []
 
 
+@pytest.mark.parametrize("overlay", EVERY_OVERLAY)
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_kubernetes_kinds_are_valid(overlay: str, version: str) -> None:
     errors = []
@@ -311,6 +315,10 @@ def test_mocker_overlay_needs_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_renderer_refuses_what_it_does_not_implement(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources: []\ncommonLabels: {a: b}\n")
     with pytest.raises(kustomize_lite.UnsupportedKustomization):
+        kustomize_lite.build(tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(f"resources: [{K8S / 'base'}]\npatches: [{{path: replace.yaml}}]\n")
+    (tmp_path / "replace.yaml").write_text("$patch: replace\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: sluice-config}\n")
+    with pytest.raises(kustomize_lite.UnsupportedKustomization, match="replace"):
         kustomize_lite.build(tmp_path)
 
 

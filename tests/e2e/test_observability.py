@@ -49,6 +49,11 @@ def observed(redis_server, tokenizer_dir, tmp_path_factory) -> Iterator[tuple[St
         s.start_worker("w2")
         s.start_frontend()
         s.wait_ready(MODEL, workers=2)
+        # The planner (virtual connector: it decides, nothing is started) publishes its metrics URL with its
+        # lease; the discovery lists it beside the frontend and the workers.
+        s.processes.spawn("planner", [sys.executable, "-m", "sluice", "planner", "--connector", "virtual",
+                                      "--interval", "1", "--log-level", "warning"],
+                          s.env(SLUICE_PLANNER__METRICS_PORT="0", SLUICE_PLANNER__FAST_INTERVAL_S="0.5"))
         s.processes.spawn("prometheus", [sys.executable, "-m", "sluice", "observe", "--frontend", s.base_url,
                                          "--flower", "", "--listen", listen, "--scrape-interval", "1",
                                          "--data-dir", str(tmp_path_factory.mktemp("prometheus"))], s.env())
@@ -77,8 +82,8 @@ def _up_targets(prometheus: str) -> dict[str, str]:
 @needs_prometheus
 def test_every_dashboard_expression_returns_data(observed: tuple[Stack, str]) -> None:
     s, prometheus = observed
-    wait_until(lambda: _up_targets(prometheus) == {"w1": "up", "w2": "up", "frontend": "up"}, 60,
-               "Prometheus to find and scrape the frontend and both workers")
+    wait_until(lambda: _up_targets(prometheus) == {"w1": "up", "w2": "up", "frontend": "up", "planner": "up"}, 60,
+               "Prometheus to find and scrape the frontend, both workers and the planner")
     system = "You are a terse assistant who answers in one sentence. " * 20  # a shared prefix: cache hits
     deadline = time.monotonic() + 8
     with httpx.Client(base_url=s.base_url, timeout=30) as client:
@@ -98,3 +103,35 @@ def test_every_dashboard_expression_returns_data(observed: tuple[Stack, str]) ->
         wait_until(all_answer, 30, "every dashboard expression to return data")
     except Exception as exc:  # noqa: BLE001 - name the expressions that stayed empty
         raise AssertionError(f"no data for: {missing}") from exc
+
+
+@needs_prometheus
+def test_the_planner_reads_the_traffic_from_prometheus(observed: tuple[Stack, str]) -> None:
+    """The planner's optional source: the frontends' counters as Prometheus scraped them."""
+    import asyncio
+
+    from planner.prometheus import PrometheusTraffic
+
+    s, prometheus = observed
+    wait_until(lambda: _up_targets(prometheus).get("frontend") == "up", 60, "Prometheus to scrape the frontend")
+    with httpx.Client(base_url=s.base_url, timeout=30) as client:
+        for i in range(6):
+            r = client.post("/v1/completions", json={"model": MODEL, "prompt": [100 + i] * 200, "max_tokens": 8,
+                                                     "ignore_eos": True, "stream": True})
+            assert r.status_code == 200
+
+    async def read() -> dict:
+        source = PrometheusTraffic(prometheus)
+        try:
+            return await source.read(120)
+        finally:
+            await source.aclose()
+
+    def counted() -> bool:
+        sample = asyncio.run(read()).get(MODEL)
+        return sample is not None and sample.finished >= 6
+    wait_until(counted, 30, "Prometheus to count the requests")
+    sample = asyncio.run(read())[MODEL]
+    assert sample.arrived >= sample.finished >= 6
+    assert sample.isl is not None and sample.isl > 0 and sample.osl is not None and sample.osl > 0
+    assert sample.ttft_s is not None and sample.ttft_s > 0 and sample.itl_s is not None and sample.itl_s > 0

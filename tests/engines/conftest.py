@@ -23,7 +23,7 @@ import pytest
 
 from core.messages import FinishReason, SamplingParams
 from core.settings import MockerSettings
-from core.shm import SHM, ShmEntries
+from core.shm import ShmEntries
 from tests.support.kv_events import KvEventLog
 from tests.workers.vllm_support import VLLM_SKIP, start_vllm_engine
 from workers.engines.base import Engine, KvEventSink
@@ -134,9 +134,4 @@ async def shut_down(engine: Engine, held: ShmEntries) -> None:
     segments to the resource tracker of the process that started them: a worker's ends with the worker,
     this test process's only when the session has ended, after the run's leak check."""
     await engine.shutdown()
-    deadline = asyncio.get_running_loop().time() + 10
-    while True:
-        held.remove_orphans()
-        if not any((SHM / e.name).exists() for e in held.entries) or asyncio.get_running_loop().time() > deadline:
-            return
-        await asyncio.sleep(0.2)
+    await held.release(10)

@@ -47,3 +47,16 @@ def test_every_live_frontend_then_every_worker_with_an_endpoint_each_with_its_la
 
 def test_nothing_live_is_an_empty_list() -> None:
     assert prometheus_targets("ns", [], []) == []
+
+
+def test_the_acting_planner_is_listed_from_its_lease() -> None:
+    from router.discovery import planner_metrics_url
+
+    lease = '{"token": "t", "metrics_url": "http://10.0.0.9:9464/metrics", "started_at": 1.0}'
+    url = planner_metrics_url(lease.encode())
+    assert url == "http://10.0.0.9:9464/metrics"
+    assert prometheus_targets("ns", [], [], url) == [
+        {"targets": ["10.0.0.9:9464"], "labels": {"__metrics_path__": "/metrics", "sluice_namespace": "ns",
+                                                  "component": "planner"}}]
+    # No planner, one without metrics, or a value of another release: nothing listed.
+    assert [planner_metrics_url(v) for v in (None, '{"metrics_url": ""}', "not json", "[1]")] == ["", "", "", ""]

@@ -59,7 +59,7 @@ def test_the_json_form_lists_models_pools_workers_and_frontends() -> None:
 def test_an_empty_namespace() -> None:
     status = status_json(ClusterSnapshot("ns", NOW, [], [], {}, {}))
     assert status == {"namespace": "ns", "taken_at": NOW, "router_modes": [], "in_flight": 0, "models": [],
-                      "workers": [], "frontends": []}
+                      "workers": [], "frontends": [], "planner": None}
     text = screen(status, 100)
     assert "No live worker." in text and "No live frontend." in text
 
@@ -135,3 +135,20 @@ def test_a_worker_with_kv_tiers_shows_what_each_holds_and_its_credits() -> None:
     text = screen(status, 140)
     assert "KV tiers" in text and "host 120 · disk 3000" in text
     assert "KV tiers" not in screen(status_json(snapshot()), 140)  # no column where no worker has tiers
+
+
+def test_the_screen_shows_the_planners_last_decision_and_why() -> None:
+    import msgspec
+
+    from planner.decision import Decision, PoolDecision
+
+    decision = Decision(at=NOW - 12, kind="interval", mode="sla", connector="local", tick=7, models=[], pools=[
+        PoolDecision(model="m", pool="agg", live=2, draining=0, requested=2, wanted=3, target=3, action="up",
+                     reason="up: predicted 4.2 req/s", kv_usage=0.71, pending=3)])
+    planner = {"acting": True, "decisions": [msgspec.to_builtins(decision)], "targets": {}}
+    status = status_json(snapshot(), planner)
+    assert status["planner"]["decisions"][0]["pools"][0]["target"] == 3
+    text = screen(status, 160)
+    assert "Planner: acting | mode sla | connector local | last decision (interval, interval 7) 12s ago" in text
+    assert "m/agg" in text and "predicted 4.2 req/s" in text
+    assert "Planner" not in screen(status_json(snapshot(), {"acting": False, "decisions": [], "targets": {}}), 160)

@@ -1,0 +1,137 @@
+"""The planner benchmark's trace and what is computed offline from it: a time-compressed day of traffic
+(one planner interval per trace step), the oracle schedule, the static fleets, and the figures of a run.
+
+The day (``DAY``, one row per interval, load as a multiple of the base rate): a quiet night of chat, a
+ramp to 8x, a long-prompt phase at the peak (prefill-heavy: it needs prefill workers), a chat phase at
+the peak (decode-heavy: it needs decode workers), the ramp back, and the night again. Arrivals are
+Poisson, seeded; prompts are random token ids (no prefix is shared, so capacity does not depend on
+cache luck).
+
+The oracle knows each interval's load exactly and sizes it with the planner's own model (planner.modes,
+the ``sla`` mode with no correction) and the same profile: the fewest workers per interval the model says
+meet the targets, with no start-up lag and no prediction error. The static fleets hold the oracle's peak,
+and the time-weighted mean of its schedule (rounded up), for the whole day.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from planner.modes import Corrections, Forecast, SlaPlanner
+from planner.profile import Profile
+
+CHAT = (512, 128)
+LONG = (2000, 32)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One interval of the trace: the load as a multiple of the base rate, and the request shape."""
+
+    load: float
+    isl: int
+    osl: int
+    #: Whether it is part of a steady phase (flapping is counted there).
+    steady: bool = False
+
+
+def _ramp(lo: float, hi: float, n: int, shape: tuple[int, int]) -> list[Step]:
+    return [Step(lo + (hi - lo) * (i + 1) / (n + 1), *shape) for i in range(n)]
+
+
+#: A day, one step per planner interval.
+DAY: tuple[Step, ...] = (
+    *[Step(1.0, *CHAT, steady=True)] * 7,
+    *_ramp(1.0, 8.0, 4, CHAT),
+    *[Step(8.0, *LONG, steady=True)] * 4,
+    *[Step(8.0, *CHAT, steady=True)] * 4,
+    *_ramp(8.0, 1.0, 4, CHAT),
+    *[Step(1.0, *CHAT, steady=True)] * 7,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at_s: float
+    step: int
+    isl: int
+    osl: int
+
+
+def arrivals(day: Sequence[Step], base_rate: float, step_s: float, seed: int = 7) -> list[Arrival]:
+    """Poisson arrivals over the day, each step at ``base_rate * load`` per second."""
+    rng = random.Random(seed)
+    out: list[Arrival] = []
+    for i, step in enumerate(day):
+        rate = base_rate * step.load
+        t = i * step_s + rng.expovariate(rate)
+        while t < (i + 1) * step_s:
+            out.append(Arrival(t, i, step.isl, step.osl))
+            t += rng.expovariate(rate)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Replicas per pool per step (pool name -> one count per step)."""
+
+    name: str
+    replicas: dict[str, list[int]]
+
+    def worker_seconds(self, step_s: float) -> float:
+        return sum(sum(counts) for counts in self.replicas.values()) * step_s
+
+    @property
+    def peak(self) -> int:
+        steps = len(next(iter(self.replicas.values())))
+        return max(sum(counts[i] for counts in self.replicas.values()) for i in range(steps))
+
+
+def oracle(day: Sequence[Step], base_rate: float, sla: SlaPlanner, layout: str, lo: int, hi: int) -> Schedule:
+    """The fewest workers per step the model says meet the targets, knowing each step's load."""
+    replicas: dict[str, list[int]] = {}
+    for step in day:
+        for plan in sla.plan("m", layout, Forecast(base_rate * step.load, step.isl, step.osl), Corrections()):
+            replicas.setdefault(plan.ref.pool.value, []).append(max(lo, min(hi, plan.replicas)))
+    return Schedule(f"oracle-{layout}", replicas)
+
+
+def static(schedule: Schedule, how: str) -> Schedule:
+    """A fixed fleet: each pool at its ``peak`` or its time-weighted ``mean`` (rounded up) all day."""
+    out = {}
+    for pool, counts in schedule.replicas.items():
+        n = max(counts) if how == "peak" else math.ceil(sum(counts) / len(counts) - 1e-9)
+        out[pool] = [n] * len(counts)
+    return Schedule(f"static-{how}-{schedule.name.removeprefix('oracle-')}", out)
+
+
+def attainment(rows: Iterable[dict], ttft_s: float, itl_s: float) -> float:
+    """Share of requests that succeeded with TTFT and their mean ITL within the targets."""
+    rows = list(rows)
+    met = sum(1 for r in rows if r["ok"] and r["ttft_s"] <= ttft_s and (r["itl_s"] is None or r["itl_s"] <= itl_s))
+    return met / len(rows) if rows else 0.0
+
+
+def flaps(actions: Sequence[tuple[int, str, str]], within: int, steady: set[int]) -> int:
+    """Pools scaled one way and then the other within ``within`` intervals, in steady steps.
+    ``actions``: (interval, pool, "up"/"down") in order."""
+    count = 0
+    last: dict[str, tuple[int, str]] = {}
+    for tick, pool, direction in actions:
+        prev = last.get(pool)
+        if prev is not None and prev[1] != direction and tick - prev[0] <= within and tick in steady:
+            count += 1
+        last[pool] = (tick, direction)
+    return count
+
+
+def profile_for(day: Sequence[Step]) -> tuple[int, ...]:
+    """The prompt lengths the day uses (the profile must cover them)."""
+    return tuple(sorted({s.isl for s in day}))
+
+
+def sla_planner(profile: Profile, ttft_s: float, itl_s: float, utilization: float) -> SlaPlanner:
+    return SlaPlanner(profile, ttft_s, itl_s, utilization)

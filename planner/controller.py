@@ -1,0 +1,323 @@
+"""The planner's loop: observe, predict, plan, apply, record.
+
+Usage::
+
+    planner = Planner(settings, broker, index, connector)
+    await planner.run(stop)          # until ``stop`` is set; stands by while another planner acts
+
+Each adjustment interval (``interval_s``) it reads the interval's traffic from the frontends' counters and
+each pool's state from the workers' leases and the queues (planner.observe), feeds the predictors, asks
+the mode for each pool's replicas (planner.modes), settles them with bounds, hysteresis and the budget
+(planner.scaling), asks the connector for the changes, and records the decision (a log line, the
+metrics, the decisions stream) and its own state (for a successor). Between intervals, every
+``fast_interval_s``, the fast path grows a pool that passed the burst thresholds; it never shrinks one.
+
+Only the namespace's acting planner (planner.leader) reads, decides or acts; the lease is renewed
+before every tick, so a planner that lost it does nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from core.keys import PLANNER_DECISIONS_MAXLEN, Keys
+from core.pools import Pool
+from core.settings import PlannerSettings, PlannerThresholds
+from planner.connectors.base import Connector, PoolRef
+from planner.decision import (
+    Decision,
+    ModelView,
+    PlannerState,
+    PoolDecision,
+    Traffic,
+    decode_state,
+    encode,
+)
+from planner.leader import LeaderLease
+from planner.metrics import PlannerMetrics
+from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, threshold_plan
+from planner.observe import PoolState, TrafficMeter, TrafficSample, pool_states
+from planner.predictors import Predictor, make_predictor
+from planner.profile import Profile
+from planner.prometheus import PrometheusError, PrometheusTraffic
+from planner.scaling import PoolMemory, bounded, fit_budget, grow_only, settle
+from router.cluster import ClusterReader, ClusterSnapshot
+from router.queues import queue_depths
+
+log = logging.getLogger("sluice.planner")
+
+#: Observations per model kept in the planner's state for a successor's predictors.
+HISTORY_KEPT = 64
+
+
+def pools_of(layout: str) -> tuple[Pool, ...]:
+    return (Pool.PREFILL, Pool.DECODE) if layout == "disagg" else (Pool.AGG,)
+
+
+@dataclass(slots=True)
+class ModelForecaster:
+    """One model's predictors (rate, input length, output length) and recent observations."""
+
+    rate: Predictor
+    isl: Predictor
+    osl: Predictor
+    history: list[tuple[float, float, float]]
+
+    def observe(self, rate: float, isl: float | None, osl: float | None) -> None:
+        self.rate.observe(rate)
+        if isl is not None and osl is not None:
+            self.isl.observe(isl)
+            self.osl.observe(osl)
+        self.history = [*self.history, (rate, -1.0 if isl is None else isl, -1.0 if osl is None else osl)][-HISTORY_KEPT:]
+
+    def forecast(self) -> Forecast:
+        return Forecast(self.rate.predict(), self.isl.predict(), self.osl.predict())
+
+
+def _predictor(kind: str, window: int) -> Predictor:
+    return make_predictor(kind, window=window) if kind in ("moving_average", "arima") else make_predictor(kind)  # type: ignore[arg-type]
+
+
+class Planner:
+    def __init__(self, settings: PlannerSettings, models: list[str], broker: aioredis.Redis, keys: Keys,
+                 connector: Connector, *, reader: ClusterReader | None = None, profile: Profile | None = None,
+                 metrics: PlannerMetrics | None = None, clock: Callable[[], float] = time.time,
+                 metrics_url: str = "", prometheus: PrometheusTraffic | None = None) -> None:
+        """``broker``: the Redis of the frontends' leases, the queues and the planner's own keys; ``reader``
+        reads the workers (its registry may live on the routing state's Redis); ``profile``: the ``sla``
+        mode's (loaded from ``settings.profile`` when not given)."""
+        self.s = settings
+        self.models = models
+        self.redis = broker
+        self.keys = keys
+        self.connector = connector
+        self.reader = reader or ClusterReader(broker, keys)
+        self.metrics = metrics or PlannerMetrics()
+        self.clock = clock
+        self.lease = LeaderLease(broker, keys, settings.lock_ttl_s, metrics_url)
+        self.refs = [PoolRef(m, p) for m in models for p in pools_of(settings.layout)]
+        if settings.mode == "sla":
+            profile = profile or (Profile.load(settings.profile) if settings.profile else None)
+            if profile is None:
+                raise ValueError("the sla mode needs a profile: SLUICE_PLANNER__PROFILE (sluice profile writes one)")
+        self.sla = SlaPlanner(profile, settings.ttft_s * settings.sla_margin, settings.itl_s * settings.sla_margin,
+                              settings.prefill_utilization) if profile else None
+        self.meter = TrafficMeter()
+        #: Where the traffic is read when it is not the frontends' counters (SLUICE_PLANNER__SOURCE).
+        self.prometheus = prometheus
+        self.tick = 0
+        self.memory: dict[PoolRef, PoolMemory] = {r: PoolMemory() for r in self.refs}
+        self.forecasters = {m: self._forecaster([]) for m in models}
+        self.corrections = {m: Corrections() for m in models}
+        self.last: Decision | None = None
+
+    def _forecaster(self, history: list[tuple[float, float, float]]) -> ModelForecaster:
+        kind, window = self.s.predictor, self.s.predictor_window
+        f = ModelForecaster(_predictor(kind, window), _predictor(kind, window), _predictor(kind, window), [])
+        for rate, isl, osl in history:
+            f.observe(rate, isl if isl >= 0 else None, osl if osl >= 0 else None)
+        return f
+
+    @property
+    def thresholds(self) -> PlannerThresholds:
+        return {"latency": self.s.latency_thresholds, "load": self.s.load_thresholds}.get(
+            self.s.mode, self.s.throughput_thresholds)
+
+    # ---- the loop ----
+    async def run(self, stop: asyncio.Event) -> None:
+        """Act while holding the lease, stand by while another planner does, until ``stop`` is set."""
+        next_interval: float | None = None
+        try:
+            while not stop.is_set():
+                try:
+                    if not await self.lease.acquire():
+                        self.metrics.leader.set(0)
+                        next_interval = None
+                        await _wait(stop, min(self.s.fast_interval_s, self.s.lock_ttl_s / 3))
+                        continue
+                    self.metrics.leader.set(1)
+                    now = self.clock()
+                    if next_interval is None:  # just became the acting planner
+                        await self.resume()
+                        next_interval = now + self.s.interval_s
+                        await self.step("fast")
+                    elif now >= next_interval:
+                        next_interval = now + self.s.interval_s
+                        await self.step("interval")
+                    else:
+                        await self.step("fast")
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                    log.warning("planner: Redis unavailable (%s); trying again", exc)
+                wait = self.s.fast_interval_s if next_interval is None else \
+                    max(0.0, min(self.s.fast_interval_s, next_interval - self.clock()))
+                await _wait(stop, wait)
+        finally:
+            self.metrics.leader.set(0)
+            try:
+                await self.lease.release()
+            except redis.exceptions.RedisError:
+                pass
+
+    async def resume(self) -> None:
+        """Take over: the last planner's state (its interval count, hysteresis and observations), and the
+        traffic counters' baseline."""
+        raw = await self.redis.get(self.keys.planner_state)
+        if raw is not None:
+            try:
+                state = decode_state(raw)
+            except msgspec.DecodeError:
+                state = None
+            if state is not None:
+                self.tick = state.tick
+                for key, (last_up, low) in state.memory.items():
+                    ref = next((r for r in self.refs if str(r) == key), None)
+                    if ref is not None:
+                        self.memory[ref] = PoolMemory(last_up, list(low))
+                for model in self.models:
+                    self.forecasters[model] = self._forecaster(state.history.get(model, []))
+                    p, d = state.corrections.get(model, (1.0, 1.0))
+                    self.corrections[model] = Corrections(p, d)
+                log.info("planner: resuming at interval %d from the state of %.0f s ago", self.tick,
+                         self.clock() - state.at)
+        snapshot = await self.reader.read()
+        self.meter.read(snapshot.frontends, self.clock())
+
+    async def step(self, kind: str) -> Decision:
+        """One tick: observe, plan, apply, record."""
+        now = self.clock()
+        snapshot = await self.reader.read()
+        pool_queues = {ref: self.keys.pool_queue(ref.model, ref.pool.value) for ref in self.refs}
+        depths = await queue_depths(self.redis, self.keys, list(pool_queues.values()))
+        states = pool_states(snapshot, {ref: depths.get(q, 0) for ref, q in pool_queues.items()})
+        traffic = await self._traffic(snapshot, now) if kind == "interval" else None
+        if kind == "interval":
+            self.tick += 1
+        views, plans = [], []
+        for model in self.models:
+            view, model_plans = self._plan_model(model, kind, states, traffic)
+            views.append(view)
+            plans.extend(model_plans)
+        decision = await self._apply(kind, now, states, views, plans)
+        if kind == "interval":
+            await self._save_state(now)
+        return decision
+
+    async def _traffic(self, snapshot: ClusterSnapshot, now: float) -> dict[str, TrafficSample] | None:
+        if self.prometheus is None:
+            return self.meter.read(snapshot.frontends, now)
+        try:
+            return await self.prometheus.read(self.s.interval_s)
+        except PrometheusError as exc:  # no traffic this interval: the pools are still sized on what they hold
+            log.warning("planner: %s", exc)
+            return None
+
+    # ---- planning ----
+    def _plan_model(self, model: str, kind: str, states: dict[PoolRef, PoolState],
+                    traffic: dict[str, TrafficSample] | None) -> tuple[ModelView, list[PoolPlan]]:
+        refs = [r for r in self.refs if r.model == model]
+        observed = None
+        forecaster, corrections = self.forecasters[model], self.corrections[model]
+        if traffic is not None:
+            sample = traffic.get(model) or TrafficSample(self.s.interval_s, 0, 0, None, None, None, None)
+            observed = Traffic(sample.rate, sample.isl, sample.osl, sample.ttft_s, sample.itl_s)
+            if self.sla is not None:
+                self.sla.correct(corrections, sample, states, model, self.s.layout)
+            forecaster.observe(sample.rate, sample.isl, sample.osl)
+        forecast = forecaster.forecast()
+        predicted = Traffic(forecast.rate, forecast.isl, forecast.osl)
+        view = ModelView(model, observed, predicted, corrections.prefill, corrections.decode)
+        if kind == "fast":
+            burst = PlannerThresholds(kv_high=self.s.burst_kv, kv_low=0.0, queue_high=self.s.burst_queue)
+            plans = [threshold_plan(states[r], burst) for r in refs]
+            if self.sla is not None and forecaster.history and forecast.isl > 0:
+                plans = [self._with_floor(p, states[p.ref], forecast, corrections) for p in plans]
+            return view, plans
+        if self.sla is not None and self.s.mode == "sla":
+            if not forecaster.history:  # nothing observed yet: no plan
+                return view, [PoolPlan(r, states[r].workers, "no traffic observed yet") for r in refs]
+            if forecast.isl <= 0:  # requests arrive but none has finished yet: lengths unknown
+                return view, [PoolPlan(r, states[r].workers, "no request finished yet") for r in refs]
+            plans = self.sla.plan(model, self.s.layout, forecast, corrections)
+            return view, [self._with_floor(p, states[p.ref], forecast, corrections) for p in plans]
+        return view, [threshold_plan(states[r], self.thresholds) for r in refs]
+
+    def _with_floor(self, plan: PoolPlan, state: PoolState, forecast: Forecast, c: Corrections) -> PoolPlan:
+        """``sla`` mode: never fewer workers than the load already on the pool needs (planner.modes)."""
+        assert self.sla is not None
+        floor, why = self.sla.floor(state, forecast, c)
+        if floor <= plan.replicas:
+            return plan
+        return PoolPlan(plan.ref, floor, f"{why}: {floor} workers now ({plan.reason})", plan.expected_ttft_s,
+                        plan.expected_itl_s)
+
+    async def _apply(self, kind: str, now: float, states: dict[PoolRef, PoolState], views: list[ModelView],
+                     plans: list[PoolPlan]) -> Decision:
+        requested: dict[PoolRef, int] = {}
+        for plan in plans:
+            asked = await self.connector.current(plan.ref)
+            requested[plan.ref] = asked if asked is not None else states[plan.ref].workers
+        targets: dict[PoolRef, int] = {}
+        notes: dict[PoolRef, str] = {}
+        wanted: dict[PoolRef, int] = {}
+        for plan in plans:
+            ref, before = plan.ref, requested[plan.ref]
+            wanted[ref] = bounded(plan.replicas, self.s.min_replicas, self.s.max_replicas)
+            if kind == "fast":
+                targets[ref], notes[ref] = grow_only(before, wanted[ref], self.memory[ref], self.tick)
+            else:
+                targets[ref], notes[ref] = settle(before, wanted[ref], self.memory[ref], self.tick,
+                                                  self.s.down_after_intervals, self.s.cooldown_intervals)
+        fitted = fit_budget(targets, {r: self.s.min_replicas for r in targets}, self.s.budget)
+        pools = []
+        for plan in plans:
+            ref, before, target = plan.ref, requested[plan.ref], fitted[plan.ref]
+            note = notes[ref] if target == targets[ref] else f"{notes[ref]}, cut to {target} by the budget {self.s.budget}"
+            action = "up" if target > before else "down" if target < before else "hold"
+            state = states[ref]
+            pools.append(PoolDecision(
+                model=ref.model, pool=ref.pool.value, live=state.workers, draining=state.draining, requested=before,
+                wanted=wanted[ref], target=target, action=action, reason=f"{note}: {plan.reason}",
+                kv_usage=round(state.kv_usage, 4), pending=state.pending, expected_ttft_s=plan.expected_ttft_s,
+                expected_itl_s=plan.expected_itl_s))
+            if action != "hold":
+                await self.connector.scale(ref, target, plan.reason)
+        decision = Decision(at=now, kind=kind, mode=self.s.mode, connector=self.connector.name, tick=self.tick,
+                            models=views, pools=pools)
+        await self._record(decision)
+        return decision
+
+    # ---- records ----
+    async def _record(self, decision: Decision) -> None:
+        self.last = decision
+        self.metrics.observe(decision)
+        if decision.kind == "interval" or decision.actions:
+            for p in decision.pools:
+                log.info("planner %s: %s/%s %s %d -> %d (live %d, draining %d, wanted %d): %s", decision.kind,
+                         p.model, p.pool, p.action, p.requested, p.target, p.live, p.draining, p.wanted, p.reason,
+                         extra={"planner": msgspec.to_builtins(p)})
+            await self.redis.xadd(self.keys.planner_decisions, {"d": encode(decision)},
+                                  maxlen=PLANNER_DECISIONS_MAXLEN, approximate=True)
+
+    async def _save_state(self, now: float) -> None:
+        state = PlannerState(
+            at=now, tick=self.tick,
+            memory={str(r): (m.last_up, list(m.low)) for r, m in self.memory.items()},
+            history={m: list(f.history) for m, f in self.forecasters.items()},
+            corrections={m: (c.prefill, c.decode) for m, c in self.corrections.items()})
+        await self.redis.set(self.keys.planner_state, encode(state))
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    """Until ``stop`` is set or ``seconds`` have passed."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(seconds, 0.0)):
+            await stop.wait()

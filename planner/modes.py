@@ -1,0 +1,217 @@
+"""How many workers each pool wants: the planner's modes, as pure functions of what it observed and
+predicted (docs/planner.md explains when to use which).
+
+Threshold modes (``throughput``, the default, ``latency`` and ``load``) need no profile; they differ
+only in their thresholds (core.settings.PlannerThresholds). A pool of ``n`` workers whose mean KV usage
+``u`` passes ``kv_high``, or that has more than ``queue_high`` requests per worker waiting, grows to::
+
+    max(n + 1, ceil(n * u / mid), n + ceil((pending - n * queue_high) / max(queue_high, 1)))
+
+with ``mid = (kv_high + kv_low) / 2`` (the usage brought back to the middle of the band). A pool with
+nothing waiting shrinks to the fewest workers ``k`` that keep ``n * u / k`` under ``kv_low``. In between
+it stays. Those modes react to load already there; ``sla`` plans for the next interval's.
+
+The ``sla`` mode sizes pools from the predicted rate ``r``, input length ``I`` and output length ``O``
+and the engine's profile (planner.profile), corrected by what was observed (``c_p``, ``c_d``: observed
+over expected TTFT and ITL):
+
+* a prefill worker serves a prompt in ``S = ttft(I) * c_p``; queueing (M/D/1) adds ``rho S / (2 (1 - rho))``
+  at utilization ``rho``, so the highest utilization that keeps the mean TTFT within the target ``T`` is
+  ``rho* = min(prefill_utilization, 2k / (1 + 2k))`` with ``k = (T - S) / S``; prefill workers:
+  ``ceil(r S / rho*)``;
+* a decode worker holds the largest batch ``b`` whose ITL (times ``c_d``) meets the ITL target at context
+  ``I + O / 2``; streams decode for ``O * itl(b)`` each, so ``r O itl(b)`` of them run at once (Little's
+  law), and decode workers: ``ceil(r O itl(b) / b)``;
+* an aggregated worker does both: ``ceil(r S / rho* + r O itl(b) / b)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from core.pools import Pool
+from core.settings import PlannerThresholds
+from planner.connectors.base import PoolRef
+from planner.observe import PoolState, TrafficSample
+from planner.profile import Profile, replicas_for
+
+#: Correction factors (observed over expected latency) are held within these bounds: one odd interval
+#: must not send the plan to the budget or to zero.
+CORRECTION_BOUNDS = (0.25, 4.0)
+#: Each interval's correction moves the kept one this far towards it (an exponential average).
+CORRECTION_SMOOTHING = 0.5
+#: The most workers the aggregated search tries for one pool.
+MAX_WORKERS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """The next interval's load of one model, as the predictors expect it."""
+
+    rate: float
+    isl: float
+    osl: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    """What one pool wants, and why (one line, logged and kept with the decision)."""
+
+    ref: PoolRef
+    replicas: int
+    reason: str
+    expected_ttft_s: float | None = None
+    expected_itl_s: float | None = None
+
+
+def threshold_plan(state: PoolState, thresholds: PlannerThresholds) -> PoolPlan:
+    """A threshold mode's wish for one pool (see the module's docstring)."""
+    n, u, pending = state.workers, state.kv_usage, state.pending
+    t = thresholds
+    if n == 0:
+        wanted = 1 if pending or state.running else 0
+        return PoolPlan(state.ref, wanted, f"no live worker, {pending} waiting")
+    mid = (t.kv_high + t.kv_low) / 2
+    if u > t.kv_high or pending > n * t.queue_high:
+        by_kv = math.ceil(n * u / mid) if mid > 0 else n + 1
+        by_queue = n + math.ceil((pending - n * t.queue_high) / max(t.queue_high, 1.0)) if pending > n * t.queue_high else n
+        wanted = max(n + 1, by_kv, by_queue)
+        return PoolPlan(state.ref, wanted, f"kv usage {u:.2f} (high {t.kv_high}), {pending} waiting on {n} workers "
+                                           f"(high {t.queue_high}/worker)")
+    if pending == 0 and n > 1:
+        fewest = next((k for k in range(1, n) if n * u / k < t.kv_low), n)
+        if fewest < n:
+            return PoolPlan(state.ref, fewest, f"kv usage {u:.2f} on {n} workers stays under {t.kv_low} on {fewest}, "
+                                               "nothing waiting")
+    return PoolPlan(state.ref, n, f"kv usage {u:.2f}, {pending} waiting on {n} workers: within the band")
+
+
+@dataclass(slots=True)
+class Corrections:
+    """Observed over expected latency, per phase, smoothed across intervals (1.0: the profile holds)."""
+
+    prefill: float = 1.0
+    decode: float = 1.0
+
+    def update(self, phase: str, observed: float | None, expected: float | None) -> None:
+        if observed is None or expected is None or not 0 < expected < math.inf:
+            return
+        lo, hi = CORRECTION_BOUNDS
+        ratio = min(hi, max(lo, observed / expected))
+        kept = getattr(self, phase)
+        setattr(self, phase, kept + CORRECTION_SMOOTHING * (ratio - kept))
+
+
+@dataclass(frozen=True, slots=True)
+class SlaPlanner:
+    """The ``sla`` mode for one model (see the module's docstring)."""
+
+    profile: Profile
+    ttft_s: float
+    itl_s: float
+    prefill_utilization: float = 0.7
+
+    def prefill_service_s(self, isl: float, c: Corrections) -> float:
+        return self.profile.ttft_s(isl) * c.prefill
+
+    def prefill_rho(self, service_s: float) -> float:
+        """The highest prefill utilization that keeps the mean TTFT within the target (M/D/1)."""
+        if service_s >= self.ttft_s:
+            return self.prefill_utilization  # out of reach whatever the fleet: plan for throughput
+        k = (self.ttft_s - service_s) / service_s
+        return min(self.prefill_utilization, 2 * k / (1 + 2 * k))
+
+    def expected_ttft_s(self, rate: float, isl: float, workers: int, c: Corrections) -> float:
+        """Mean TTFT with ``workers`` prefill workers taking ``rate`` prompts of ``isl`` tokens per second."""
+        s = self.prefill_service_s(isl, c)
+        rho = rate * s / workers if workers else math.inf
+        if rho >= 1:
+            return math.inf
+        return s + rho * s / (2 * (1 - rho))
+
+    def decode_batch(self, isl: float, osl: float, c: Corrections) -> tuple[int, float]:
+        """The batch a decode worker holds within the ITL target, and its ITL there."""
+        context = isl + osl / 2
+        batch = max(1, self.profile.decode_batch_within(self.itl_s, context, c.decode))
+        return batch, self.profile.itl_s(batch, context) * c.decode
+
+    def needs(self, f: Forecast, c: Corrections) -> tuple[float, float, float, float]:
+        """Worker-equivalents for prefill and decode, the prompt's service time and the decode ITL."""
+        s = self.prefill_service_s(f.isl, c)
+        prefill = f.rate * s / self.prefill_rho(s)
+        batch, itl = self.decode_batch(f.isl, f.osl, c)
+        decode = f.rate * f.osl * itl / batch
+        return prefill, decode, s, itl
+
+    def agg_workers(self, f: Forecast, c: Corrections) -> tuple[int, float]:
+        """The fewest aggregated workers for ``f``, and the ITL they give (see the module's docstring)."""
+        s = self.prefill_service_s(f.isl, c)
+        rho_max, context = self.prefill_rho(s), f.isl + f.osl / 2
+        for n in range(1, MAX_WORKERS + 1):
+            busy = f.rate * s / n
+            if busy >= rho_max:
+                continue
+            batch = self.profile.decode_batch_within(self.itl_s * (1 - busy), context, c.decode)
+            if batch == 0:
+                continue
+            itl = self.profile.itl_s(batch, context) * c.decode / (1 - busy)
+            if f.rate * f.osl * itl / n <= batch:
+                return n, itl
+        prefill, decode, _, itl = self.needs(f, c)  # out of reach: the two phases' sum, as for pools apart
+        return replicas_for(prefill + decode), itl
+
+    def plan(self, model: str, layout: str, f: Forecast, c: Corrections) -> list[PoolPlan]:
+        prefill, decode, s, itl = self.needs(f, c)
+        why = (f"predicted {f.rate:.2f} req/s, isl {f.isl:.0f}, osl {f.osl:.0f}; prompt {s:.3f} s "
+               f"(corrections prefill {c.prefill:.2f}, decode {c.decode:.2f})")
+        if layout == "disagg":
+            n_p, n_d = replicas_for(prefill), replicas_for(decode)
+            return [PoolPlan(PoolRef(model, Pool.PREFILL), n_p, f"{why}: {prefill:.2f} prefill workers",
+                             self.expected_ttft_s(f.rate, f.isl, max(n_p, 1), c), None),
+                    PoolPlan(PoolRef(model, Pool.DECODE), n_d, f"{why}, itl {itl * 1000:.1f} ms: {decode:.2f} decode "
+                                                               "workers", None, itl)]
+        n, itl = self.agg_workers(f, c)
+        return [PoolPlan(PoolRef(model, Pool.AGG), n, f"{why}, itl {itl * 1000:.1f} ms: {n} workers",
+                         self.expected_ttft_s(f.rate, f.isl, n, c), itl)]
+
+    def floor(self, state: PoolState, f: Forecast, c: Corrections) -> tuple[int, str]:
+        """The workers the load already on the pool needs, whatever was predicted: its KV usage brought down
+        to the usage at which the profile's ITL meets the target (pools that decode), and its waiting
+        prompts computed within the TTFT target (pools that prefill)."""
+        n, pool, out, why = state.workers, state.ref.pool, 0, []
+        if pool.serves_clients and n:
+            context = max(f.isl + f.osl / 2, 1.0)
+            batch = max(1, self.profile.decode_batch_within(self.itl_s, context, c.decode))
+            usage_at_target = min(1.0, batch * context / self.profile.kv_tokens)
+            out = replicas_for(n * state.kv_usage / usage_at_target)
+            why.append(f"kv usage {state.kv_usage:.2f} (target {usage_at_target:.2f})")
+        if pool is not Pool.DECODE and state.pending:
+            s = self.prefill_service_s(max(f.isl, 1.0), c)
+            out = max(out, replicas_for(state.pending * s / self.ttft_s))
+            why.append(f"{state.pending} prompts waiting")
+        return out, ", ".join(why)
+
+    def correct(self, c: Corrections, sample: TrafficSample, states: dict[PoolRef, PoolState], model: str,
+                layout: str) -> None:
+        """Fold one interval's observed TTFT and ITL into the corrections, against what the profile
+        expected for the load that was observed on the workers that served it."""
+        if sample.isl is None:
+            return
+        prefill_pool = Pool.PREFILL if layout == "disagg" else Pool.AGG
+        decode_pool = Pool.DECODE if layout == "disagg" else Pool.AGG
+        p_state, d_state = states.get(PoolRef(model, prefill_pool)), states.get(PoolRef(model, decode_pool))
+        context = sample.isl + (sample.osl or 0.0) / 2
+        per_worker = max(1.0, d_state.running / d_state.workers) if d_state is not None and d_state.workers else 1.0
+        if p_state is not None and p_state.workers and sample.ttft_s is not None:
+            unit = Corrections(1.0, c.decode)
+            expected = self.expected_ttft_s(sample.rate, sample.isl, p_state.workers, unit)
+            if layout != "disagg":  # a prompt that arrives mid-step waits for it: half a decode step
+                expected += self.profile.itl_s(per_worker, context) * c.decode / 2
+            c.update("prefill", sample.ttft_s, expected)
+        if d_state is not None and d_state.workers and sample.itl_s is not None and sample.osl is not None:
+            expected = self.profile.itl_s(per_worker, context)
+            if layout != "disagg":  # the prefills the same workers ran meanwhile stretch the gaps
+                busy = sample.rate * self.profile.ttft_s(sample.isl) / d_state.workers
+                expected = expected / (1 - busy) if busy < 1 else math.inf
+            c.update("decode", sample.itl_s, expected)

@@ -1,0 +1,80 @@
+"""From a mode's wish to the replicas the planner asks for: bounds, hysteresis and the budget, as pure
+functions (the controller keeps each pool's :class:`PoolMemory` across intervals and restarts).
+
+* Bounds: each pool between ``min_replicas`` and ``max_replicas``.
+* Hysteresis (:func:`settle`): a pool grows at once; it shrinks only after ``down_after`` intervals in a
+  row that each wanted fewer workers, to the most of those wishes, and never within ``cooldown``
+  intervals of growing. A steady load therefore never scales a pool up and down within two intervals.
+* Budget (:func:`fit_budget`): when the pools together want more than the budget, each keeps its floor
+  and what is left is shared in proportion to what each wanted above it (largest remainders).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+K = TypeVar("K")
+
+
+@dataclass(slots=True)
+class PoolMemory:
+    """What hysteresis remembers of one pool: when it last grew (interval number) and the latest run of
+    intervals that wanted fewer workers than it had."""
+
+    last_up: int = -(10**9)
+    low: list[int] = field(default_factory=list)
+
+
+def bounded(wanted: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, wanted))
+
+
+def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_after: int,
+           cooldown: int) -> tuple[int, str]:
+    """The replicas to ask for at interval ``tick`` and a note on why (see the module's docstring)."""
+    if wanted > requested:
+        memory.last_up = tick
+        memory.low.clear()
+        return wanted, "up"
+    if wanted == requested:
+        memory.low.clear()
+        return requested, "hold"
+    memory.low = [*memory.low, wanted][-down_after:]
+    if len(memory.low) < down_after:
+        return requested, f"hold: {len(memory.low)} of {down_after} intervals wanted fewer"
+    since = tick - memory.last_up
+    if since <= cooldown:
+        return requested, f"hold: grew {since} interval(s) ago (cooldown {cooldown})"
+    target = max(memory.low)
+    memory.low.clear()
+    return target, "down"
+
+
+def grow_only(requested: int, wanted: int, memory: PoolMemory, tick: int) -> tuple[int, str]:
+    """The fast path: grow at once, never shrink (shrinking waits for the interval)."""
+    if wanted > requested:
+        memory.last_up = tick
+        memory.low.clear()
+        return wanted, "up (burst)"
+    return requested, "hold"
+
+
+def fit_budget(targets: dict[K, int], floors: dict[K, int], budget: int) -> dict[K, int]:
+    """``targets`` cut down to ``budget`` in all (see the module's docstring); unchanged when they fit.
+    Floors that alone pass the budget are kept: the bounds say a pool may not go under them."""
+    if sum(targets.values()) <= budget:
+        return dict(targets)
+    base = {k: min(floors.get(k, 0), t) for k, t in targets.items()}
+    left = budget - sum(base.values())
+    extra = {k: targets[k] - base[k] for k in targets}
+    total = sum(extra.values())
+    if left <= 0 or total == 0:
+        return base
+    shares = {k: left * e / total for k, e in extra.items()}
+    out = {k: base[k] + math.floor(shares[k]) for k in targets}
+    rest = left - sum(math.floor(s) for s in shares.values())
+    for k in sorted(targets, key=lambda k: (-(shares[k] - math.floor(shares[k])), str(k)))[:rest]:
+        out[k] += 1
+    return out

@@ -1,0 +1,178 @@
+"""The planner's loop against a real Redis: it reads worker leases (written through the registry, as
+workers write them) and the frontends' counters, decides, writes its decisions and the virtual
+connector's targets, keeps one acting planner per namespace, and resumes from its state."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from core.keys import Keys
+from core.pools import Pool
+from core.settings import PlannerSettings
+from planner.connectors.base import PoolRef
+from planner.connectors.virtual import VirtualConnector
+from planner.controller import Planner
+from planner.status import last_decisions, planner_json
+from router.frontends import FrontendRecord, FrontendRegistry, LoadCounters
+from router.registry import Registry, WorkerLoad, WorkerRecord
+
+MODEL = "m"
+AGG = PoolRef(MODEL, Pool.AGG)
+
+
+@pytest.fixture
+async def redis(redis_server, namespace) -> AsyncIterator[aioredis.Redis]:  # noqa: ANN001
+    client = aioredis.from_url(redis_server.url)
+    yield client
+    async for key in client.scan_iter(match=f"sluice:{namespace}:*"):
+        await client.delete(key)
+    await client.aclose()
+
+
+async def put_worker(redis: aioredis.Redis, keys: Keys, wid: str, *, usage: float, waiting: int = 0,
+                     draining: bool = False, pool: Pool = Pool.AGG) -> None:
+    record = WorkerRecord(worker_id=wid, model=MODEL, model_path="/m", pool=pool, queue=keys.worker_queue(wid),
+                          pool_queue=keys.pool_queue(MODEL, pool.value), engine="mocker", block_size=16,
+                          kv_blocks=1000, max_num_seqs=64, context_length=4096, started_at=1.0)
+    load = WorkerLoad(running=4, waiting=waiting, active_blocks=int(usage * 1000), total_blocks=1000, draining=draining)
+    await Registry(redis, keys).register(record, load, ttl_s=60)
+
+
+def settings(**over: object) -> PlannerSettings:
+    base: dict[str, object] = {"interval_s": 0.2, "fast_interval_s": 0.05, "min_replicas": 1, "max_replicas": 6,
+                               "budget": 10, "down_after_intervals": 2, "cooldown_intervals": 0, "lock_ttl_s": 2.0}
+    return PlannerSettings(**{**base, **over})
+
+
+def planner(redis: aioredis.Redis, keys: Keys, **over: object) -> Planner:
+    return Planner(settings(**over), [MODEL], redis, keys, VirtualConnector(redis, keys))
+
+
+async def test_a_pool_past_its_kv_threshold_grows_and_the_decision_is_kept_with_its_reason(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    for i in range(2):
+        await put_worker(redis, keys, f"w{i}", usage=0.9)
+    p = planner(redis, keys)
+    decision = await p.step("interval")
+    [pool] = decision.pools
+    assert (pool.live, pool.requested, pool.wanted, pool.target, pool.action) == (2, 2, 3, 3, "up")
+    assert "kv usage 0.90" in pool.reason
+    assert await VirtualConnector(redis, keys).targets() == {"m/agg": 3}
+    [kept] = await last_decisions(redis, keys)
+    assert kept == decision
+    status = await planner_json(redis, keys)
+    assert status["targets"] == {"m/agg": 3} and status["decisions"][0]["pools"][0]["target"] == 3
+
+
+async def test_shrinking_waits_for_two_intervals_and_draining_workers_do_not_count(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    for i in range(4):
+        await put_worker(redis, keys, f"w{i}", usage=0.05)
+    await put_worker(redis, keys, "gone", usage=0.9, draining=True)
+    p = planner(redis, keys)
+    first = await p.step("interval")
+    assert (first.pools[0].live, first.pools[0].draining, first.pools[0].target) == (4, 1, 4)
+    assert first.pools[0].action == "hold" and "1 of 2" in first.pools[0].reason
+    fast = await p.step("fast")  # the fast path never shrinks, and does not count as an interval
+    assert fast.pools[0].target == 4 and fast.tick == first.tick
+    second = await p.step("interval")
+    assert (second.pools[0].action, second.pools[0].target) == ("down", 1)
+
+
+async def test_the_fast_path_grows_on_a_burst_between_intervals(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    await put_worker(redis, keys, "w0", usage=0.3, waiting=9)
+    p = planner(redis, keys, burst_queue=4.0)
+    decision = await p.step("fast")
+    assert (decision.pools[0].action, decision.pools[0].target) == ("up", 3)  # 9 waiting, 4 a worker: 1 + 2
+
+
+async def test_the_budget_and_bounds_hold(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    for i in range(3):
+        await put_worker(redis, keys, f"p{i}", usage=1.0, pool=Pool.PREFILL, waiting=50)
+        await put_worker(redis, keys, f"d{i}", usage=1.0, pool=Pool.DECODE, waiting=50)
+    p = planner(redis, keys, layout="disagg", max_replicas=5, budget=7)
+    decision = await p.step("interval")
+    targets = {x.pool: x.target for x in decision.pools}
+    assert sum(targets.values()) == 7 and all(t <= 5 for t in targets.values())
+    assert all(x.wanted == 5 for x in decision.pools) and "budget" in decision.pools[0].reason
+
+
+async def test_traffic_is_read_from_the_frontends_counters_and_predicted(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    await put_worker(redis, keys, "w0", usage=0.5)
+    frontends = FrontendRegistry(redis, keys)
+
+    async def publish(counters: LoadCounters) -> None:
+        await frontends.renew(FrontendRecord(frontend_id="f1", url="u", metrics_url="m", router_mode="kv",
+                                             started_at=0.0, load={MODEL: counters.as_list()}), ttl_s=60)
+
+    clock = [100.0]
+    p = Planner(settings(predictor="constant"), [MODEL], redis, keys, VirtualConnector(redis, keys),
+                clock=lambda: clock[0])
+    await publish(LoadCounters(arrived=10, finished=10))
+    await p.resume()  # the baseline
+    clock[0] = 110.0
+    await publish(LoadCounters(arrived=60, finished=50, input_tokens=40 * 300, output_tokens=40 * 20,
+                               ttft_s=40 * 0.25, ttft_n=40, decode_s=40 * 19 * 0.01, gaps=40 * 19))
+    decision = await p.step("interval")
+    [view] = decision.models
+    assert view.observed is not None and view.predicted is not None
+    assert view.observed.rate == pytest.approx(5.0) and view.observed.isl == pytest.approx(300)
+    assert view.observed.ttft_s == pytest.approx(0.25) and view.observed.itl_s == pytest.approx(0.01)
+    assert (view.predicted.rate, view.predicted.isl, view.predicted.osl) == pytest.approx((5.0, 300, 20))
+
+
+async def test_one_planner_acts_and_a_standby_takes_over_when_it_stops(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    await put_worker(redis, keys, "w0", usage=0.5)
+    a, b = planner(redis, keys), planner(redis, keys)
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    run_a = asyncio.create_task(a.run(stop_a))
+    await _until(lambda: a.last is not None)
+    run_b = asyncio.create_task(b.run(stop_b))
+    await asyncio.sleep(0.5)
+    assert b.last is None and await a.lease.holder() == a.lease.token  # b stands by
+    stop_a.set()
+    await run_a  # a clean stop gives the lease up: b acts at its next try
+    await _until(lambda: b.last is not None, timeout=5)
+    stop_b.set()
+    await run_b
+    assert await a.lease.holder() is None
+
+
+async def test_a_killed_planners_lease_lapses_and_a_successor_resumes_without_acting_at_once(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    for i in range(3):
+        await put_worker(redis, keys, f"w{i}", usage=0.05)
+    first = planner(redis, keys, lock_ttl_s=1.0)
+    assert await first.lease.acquire()
+    await first.step("interval")  # one interval that wanted fewer (1 of 2), kept in the state
+    # Killed: no release. A successor stands by until the lease lapses, then resumes the count.
+    second = planner(redis, keys, lock_ttl_s=1.0)
+    assert not await second.lease.acquire()
+    await asyncio.sleep(1.2)
+    assert await second.lease.acquire()
+    await second.resume()
+    assert second.tick == 1 and second.memory[AGG].low == [1]
+    decision = await second.step("interval")
+    assert decision.tick == 2 and decision.pools[0].action == "down"  # the second low interval, not the first
+
+
+async def test_a_planner_that_lost_its_lease_stops_acting(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    p = planner(redis, keys)
+    assert await p.lease.acquire()
+    await redis.set(keys.planner_leader, "someone else")
+    assert not await p.lease.acquire()
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:  # noqa: ANN001
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)

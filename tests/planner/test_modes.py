@@ -1,0 +1,158 @@
+"""The planner's modes (planner.modes) and the profile tables they read (planner.profile), exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from core.pools import Pool
+from core.settings import PlannerThresholds
+from planner.connectors.base import PoolRef
+from planner.modes import Corrections, Forecast, SlaPlanner, threshold_plan
+from planner.observe import PoolState, TrafficSample
+from planner.profile import DecodePoint, PrefillPoint, Profile, replicas_for
+
+AGG = PoolRef("m", Pool.AGG)
+T = PlannerThresholds(kv_high=0.8, kv_low=0.4, queue_high=2.0)
+
+
+def state(workers: int, usage: float = 0.5, waiting: int = 0, queued: int = 0, running: int = 0) -> PoolState:
+    return PoolState(AGG, workers, running=running, waiting=waiting, queued=queued, kv_usage=usage)
+
+
+def test_threshold_mode_grows_on_kv_usage_to_the_middle_of_the_band() -> None:
+    plan = threshold_plan(state(3, usage=0.9), T)
+    assert plan.replicas == math.ceil(3 * 0.9 / 0.6) == 5
+
+
+def test_threshold_mode_grows_by_the_queue_past_its_threshold() -> None:
+    # 2 workers may hold 4 waiting; 10 wait: 6 too many, 3 more workers at 2 each.
+    assert threshold_plan(state(2, usage=0.1, waiting=4, queued=6), T).replicas == 5
+
+
+def test_threshold_mode_grows_by_at_least_one() -> None:
+    assert threshold_plan(state(4, usage=0.81), T).replicas == 6  # ceil(4 * 0.81 / 0.6) = 6
+    assert threshold_plan(state(10, usage=0.5, waiting=21), T).replicas == 11
+
+
+def test_threshold_mode_shrinks_to_the_fewest_workers_that_stay_under_the_low_mark() -> None:
+    # 4 workers at 0.15: 0.6 of one worker's KV in all; 2 workers hold it at 0.3 < 0.4, 1 would be at 0.6.
+    assert threshold_plan(state(4, usage=0.15), T).replicas == 2
+    assert threshold_plan(state(4, usage=0.15, queued=1), T).replicas == 4  # something waits: no shrinking
+    assert threshold_plan(state(1, usage=0.0), T).replicas == 1
+
+
+def test_threshold_mode_starts_a_worker_for_waiting_requests_when_none_lives() -> None:
+    assert threshold_plan(state(0, usage=0, queued=3), T).replicas == 1
+    assert threshold_plan(state(0, usage=0), T).replicas == 0
+
+
+def profile() -> Profile:
+    return Profile(engine="mocker", model="m", kv_tokens=100_000, max_num_seqs=64,
+                   prefill=[PrefillPoint(isl=1000, ttft_s=0.1), PrefillPoint(isl=3000, ttft_s=0.5)],
+                   decode=[DecodePoint(batch=1, context=1000, itl_s=0.01), DecodePoint(batch=64, context=1000, itl_s=0.073),
+                           DecodePoint(batch=1, context=3000, itl_s=0.02), DecodePoint(batch=64, context=3000, itl_s=0.146)])
+
+
+def test_profile_interpolates_and_holds_its_ends() -> None:
+    p = profile()
+    assert p.ttft_s(2000) == pytest.approx(0.3)
+    assert p.ttft_s(10) == 0.1 and p.ttft_s(9000) == 0.5
+    assert p.itl_s(32.5, 1000) == pytest.approx(0.0415)
+    assert p.itl_s(1, 2000) == pytest.approx(0.015)
+    assert p.max_batch(3000) == 33  # 100,000 tokens of KV hold 33 streams of 3,000
+    # ITL at 1,000 tokens grows 1 ms per stream: 0.05 s holds 41 streams.
+    assert p.decode_batch_within(0.05, 1000) == 41
+    assert p.decode_batch_within(0.005, 1000) == 0
+    assert p.decode_tokens_per_s(0.05, 1000) == pytest.approx(41 / 0.05)
+
+
+def test_profile_round_trips(tmp_path) -> None:  # noqa: ANN001
+    p = profile()
+    p.save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json") == p
+
+
+def test_replicas_round_up_but_not_for_rounding_noise() -> None:
+    assert [replicas_for(x) for x in (0.0, 0.2, 2.0000000001, 2.01)] == [0, 1, 2, 3]
+
+
+def test_sla_prefill_utilization_keeps_the_mean_ttft_within_the_target() -> None:
+    sla = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05, prefill_utilization=0.9)
+    s = 0.1
+    rho = sla.prefill_rho(s)
+    assert rho == pytest.approx(0.8)  # k = 2: 2k / (1 + 2k)
+    # At that utilization the M/D/1 mean TTFT is the target exactly.
+    assert s + rho * s / (2 * (1 - rho)) == pytest.approx(0.3)
+    assert sla.prefill_rho(0.5) == 0.9  # out of reach: plan for throughput
+
+
+def test_sla_disaggregated_plan() -> None:
+    sla = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05, prefill_utilization=0.9)
+    prefill, decode = sla.plan("m", "disagg", Forecast(rate=20.0, isl=1000, osl=100), Corrections())
+    # prefill: 20 req/s x 0.1 s / 0.8 = 2.5 workers.
+    assert (prefill.ref.pool, prefill.replicas) == (Pool.PREFILL, 3)
+    # decode at context 1,050: the largest batch within 50 ms, and r * O * itl(b) streams at b per worker.
+    batch, itl = sla.decode_batch(1000, 100, Corrections())
+    assert itl <= 0.05 < sla.profile.itl_s(batch + 1, 1050)
+    assert (decode.ref.pool, decode.replicas) == (Pool.DECODE, math.ceil(20 * 100 * itl / batch))
+    assert prefill.expected_ttft_s == pytest.approx(sla.expected_ttft_s(20.0, 1000, 3, Corrections()))
+
+
+def test_sla_aggregated_plan_is_the_fewest_workers_whose_decode_meets_the_itl_with_the_prefills_between() -> None:
+    sla = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05, prefill_utilization=0.9)
+    f = Forecast(rate=20.0, isl=1000, osl=100)
+    [agg] = sla.plan("m", "agg", f, Corrections())
+    n = agg.replicas
+    assert agg.ref == AGG
+
+    def meets(k: int) -> bool:  # the docstring's conditions, by hand
+        busy = 20.0 * 0.1 / k
+        if busy >= 0.8:
+            return False
+        batch = sla.profile.decode_batch_within(0.05 * (1 - busy), 1050)
+        return batch > 0 and 20.0 * 100 * sla.profile.itl_s(batch, 1050) / (1 - busy) / k <= batch
+
+    assert meets(n) and not meets(n - 1)
+    # More than the decode pool alone needs: the prefills share the workers.
+    assert n > sla.plan("m", "disagg", f, Corrections())[1].replicas
+
+
+def test_the_floor_follows_the_load_already_there() -> None:
+    sla = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05)
+    f = Forecast(rate=1.0, isl=1000, osl=100)
+    # At context 1,050 the ITL target holds 39 streams: 39 x 1,050 / 100,000 = 0.41 of the KV.
+    assert sla.profile.decode_batch_within(0.05, 1050) == 39
+    n, why = sla.floor(state(2, usage=0.8), f, Corrections())
+    assert n == math.ceil(2 * 0.8 / (39 * 1050 / 100_000)) == 4 and "kv usage 0.80" in why
+    # 9 prompts of 0.1 s waiting: 3 workers compute them within 0.3 s.
+    assert sla.floor(state(1, usage=0.0, queued=9), f, Corrections())[0] == 3
+    assert sla.floor(PoolState(PoolRef("m", Pool.DECODE), 1, queued=9), f, Corrections())[0] == 0
+
+
+def test_corrections_scale_the_plan_and_are_smoothed_and_bounded() -> None:
+    sla = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05, prefill_utilization=0.9)
+    f = Forecast(rate=20.0, isl=1000, osl=100)
+    slow = Corrections(prefill=1.5)
+    assert sla.plan("m", "disagg", f, slow)[0].replicas > sla.plan("m", "disagg", f, Corrections())[0].replicas
+    c = Corrections()
+    c.update("prefill", observed=0.2, expected=0.1)
+    assert c.prefill == pytest.approx(1.5)  # halfway to 2.0
+    c.update("decode", observed=100.0, expected=0.01)
+    assert c.decode == pytest.approx(2.5)  # halfway to the bound 4.0
+    c.update("decode", observed=None, expected=0.01)
+    c.update("decode", observed=1.0, expected=math.inf)
+    assert c.decode == pytest.approx(2.5)
+
+
+def test_sla_corrections_compare_what_was_observed_with_what_the_profile_expected_for_that_load() -> None:
+    sla = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05)
+    states = {PoolRef("m", Pool.PREFILL): PoolState(PoolRef("m", Pool.PREFILL), 2),
+              PoolRef("m", Pool.DECODE): PoolState(PoolRef("m", Pool.DECODE), 2, running=20)}
+    expected_ttft = sla.expected_ttft_s(5.0, 1000, 2, Corrections())
+    expected_itl = sla.profile.itl_s(10, 1050)
+    sample = TrafficSample(10.0, 50, 50, 1000.0, 100.0, expected_ttft * 2, expected_itl)
+    c = Corrections()
+    sla.correct(c, sample, states, "m", "disagg")
+    assert c.prefill == pytest.approx(1.5) and c.decode == pytest.approx(1.0)

@@ -1,0 +1,54 @@
+"""Bounds, hysteresis and the budget (planner.scaling)."""
+
+from __future__ import annotations
+
+from planner.scaling import PoolMemory, bounded, fit_budget, grow_only, settle
+
+
+def test_bounds() -> None:
+    assert [bounded(n, 1, 4) for n in (0, 1, 3, 9)] == [1, 1, 3, 4]
+
+
+def test_growing_is_immediate_and_resets_the_wish_to_shrink() -> None:
+    m = PoolMemory(low=[1])
+    assert settle(2, 5, m, tick=7, down_after=2, cooldown=2) == (5, "up")
+    assert m.last_up == 7 and m.low == []
+
+
+def test_shrinking_waits_for_enough_intervals_then_takes_the_most_of_their_wishes() -> None:
+    m = PoolMemory()
+    assert settle(4, 2, m, tick=10, down_after=2, cooldown=0) == (4, "hold: 1 of 2 intervals wanted fewer")
+    assert settle(4, 3, m, tick=11, down_after=2, cooldown=0) == (3, "down")
+    assert m.low == []
+
+
+def test_a_steady_interval_between_low_ones_starts_the_count_again() -> None:
+    m = PoolMemory()
+    settle(4, 2, m, tick=1, down_after=2, cooldown=0)
+    assert settle(4, 4, m, tick=2, down_after=2, cooldown=0) == (4, "hold")
+    assert settle(4, 2, m, tick=3, down_after=2, cooldown=0)[0] == 4
+
+
+def test_no_shrinking_within_the_cooldown_of_growing() -> None:
+    m = PoolMemory()
+    settle(2, 4, m, tick=5, down_after=1, cooldown=2)
+    assert settle(4, 2, m, tick=6, down_after=1, cooldown=2)[0] == 4
+    assert settle(4, 2, m, tick=7, down_after=1, cooldown=2)[0] == 4
+    assert settle(4, 2, m, tick=8, down_after=1, cooldown=2) == (2, "down")
+
+
+def test_the_fast_path_only_grows() -> None:
+    m = PoolMemory(low=[1])
+    assert grow_only(3, 1, m, tick=4) == (3, "hold")
+    assert m.low == [1]
+    assert grow_only(3, 6, m, tick=4) == (6, "up (burst)")
+    assert m.last_up == 4 and m.low == []
+
+
+def test_the_budget_keeps_floors_and_shares_the_rest_in_proportion() -> None:
+    assert fit_budget({"a": 2, "b": 3}, {"a": 1, "b": 1}, 10) == {"a": 2, "b": 3}
+    # 10 wanted, budget 6: floors 1+1, then 4 shared 3:5 over what each wanted above its floor.
+    assert fit_budget({"a": 4, "b": 6}, {"a": 1, "b": 1}, 6) == {"a": 3, "b": 3}
+    assert sum(fit_budget({"a": 7, "b": 5, "c": 3}, {"a": 1, "b": 1, "c": 1}, 8).values()) == 8
+    # Floors alone past the budget: kept (the bounds forbid less).
+    assert fit_budget({"a": 3, "b": 3}, {"a": 2, "b": 2}, 3) == {"a": 2, "b": 2}
