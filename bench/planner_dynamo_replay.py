@@ -101,7 +101,7 @@ def install_aisimulate_core_shim() -> None:
     sdk.RustForwardPassPerfModel = _RustForwardPassPerfModel  # type: ignore[attr-defined]
     native.RustForwardPassPerfModel = _RustForwardPassPerfModel  # type: ignore[attr-defined]
     root.sdk, root._native = sdk, native  # type: ignore[attr-defined]
-    root.__path__ = []  # type: ignore[attr-defined]
+    root.__path__ = []
     sys.modules.update({"aisimulate_core": root, "aisimulate_core.sdk": sdk, "aisimulate_core._native": native})
 
 

@@ -358,6 +358,9 @@ class PlannerSettings(BaseModel):
     #: ``sla`` mode: the share of each target the plan aims at. The model predicts means; aiming under
     #: the targets leaves room for the spread around them, so that most requests meet them, not half.
     sla_margin: float = Field(0.8, gt=0, le=1)
+    #: ``sla`` mode: the predicted rate is raised by this many standard deviations of an interval's Poisson
+    #: arrivals (planner.modes.with_headroom), so that a busier than average interval meets the targets too.
+    rate_headroom_z: float = Field(1.3, ge=0)
     throughput_thresholds: PlannerThresholds = PlannerThresholds()
     latency_thresholds: PlannerThresholds = PlannerThresholds(kv_high=0.6, kv_low=0.25, queue_high=0.5)
     load_thresholds: PlannerThresholds = PlannerThresholds()

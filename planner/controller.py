@@ -44,7 +44,7 @@ from planner.decision import (
 )
 from planner.leader import LeaderLease
 from planner.metrics import PlannerMetrics
-from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, threshold_plan
+from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, threshold_plan, with_headroom
 from planner.observe import PoolState, TrafficMeter, TrafficSample, pool_states
 from planner.predictors import Predictor, make_predictor
 from planner.profile import Profile
@@ -184,8 +184,7 @@ class Planner:
                         self.memory[ref] = PoolMemory(last_up, list(low))
                 for model in self.models:
                     self.forecasters[model] = self._forecaster(state.history.get(model, []))
-                    p, d = state.corrections.get(model, (1.0, 1.0))
-                    self.corrections[model] = Corrections(p, d)
+                    self.corrections[model] = Corrections(*state.corrections.get(model, ()))
                 log.info("planner: resuming at interval %d from the state of %.0f s ago", self.tick,
                          self.clock() - state.at)
         snapshot = await self.reader.read()
@@ -230,11 +229,15 @@ class Planner:
             sample = traffic.get(model) or TrafficSample(self.s.interval_s, 0, 0, None, None, None, None)
             observed = Traffic(sample.rate, sample.isl, sample.osl, sample.ttft_s, sample.itl_s)
             if self.sla is not None:
+                prefill_pool, decode_pool = (Pool.PREFILL, Pool.DECODE) if self.s.layout == "disagg" else (Pool.AGG,) * 2
+                corrections.set_models(*self.sla.model_factors(
+                    forecaster.forecast(), states.get(PoolRef(model, prefill_pool)), states.get(PoolRef(model, decode_pool))))
                 self.sla.correct(corrections, sample, states, model, self.s.layout)
             forecaster.observe(sample.rate, sample.isl, sample.osl)
         forecast = forecaster.forecast()
         predicted = Traffic(forecast.rate, forecast.isl, forecast.osl)
-        view = ModelView(model, observed, predicted, corrections.prefill, corrections.decode)
+        view = ModelView(model, observed, predicted, corrections.prefill, corrections.decode, corrections.prefill_model,
+                         corrections.decode_model)
         if kind == "fast":
             burst = PlannerThresholds(kv_high=self.s.burst_kv, kv_low=0.0, queue_high=self.s.burst_queue)
             plans = [threshold_plan(states[r], burst) for r in refs]
@@ -246,7 +249,8 @@ class Planner:
                 return view, [PoolPlan(r, states[r].workers, "no traffic observed yet") for r in refs]
             if forecast.isl <= 0:  # requests arrive but none has finished yet: lengths unknown
                 return view, [PoolPlan(r, states[r].workers, "no request finished yet") for r in refs]
-            plans = self.sla.plan(model, self.s.layout, forecast, corrections)
+            planned = with_headroom(forecast, self.s.rate_headroom_z, self.s.interval_s)
+            plans = self.sla.plan(model, self.s.layout, planned, corrections)
             return view, [self._with_floor(p, states[p.ref], forecast, corrections) for p in plans]
         return view, [threshold_plan(states[r], self.thresholds) for r in refs]
 
@@ -312,7 +316,7 @@ class Planner:
             at=now, tick=self.tick,
             memory={str(r): (m.last_up, list(m.low)) for r, m in self.memory.items()},
             history={m: list(f.history) for m, f in self.forecasters.items()},
-            corrections={m: (c.prefill, c.decode) for m, c in self.corrections.items()})
+            corrections={m: (c.prefill, c.decode, c.prefill_model, c.decode_model) for m, c in self.corrections.items()})
         await self.redis.set(self.keys.planner_state, encode(state))
 
 

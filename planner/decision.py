@@ -21,9 +21,12 @@ class ModelView(msgspec.Struct, frozen=True, omit_defaults=True):
     model: str
     observed: Traffic | None = None
     predicted: Traffic | None = None
-    #: ``sla`` mode: observed over expected TTFT and ITL (1.0: the profile holds).
+    #: ``sla`` mode: observed over expected TTFT and ITL, and the workers' step-time models over the
+    #: profile's (planner.modes.Corrections; 1.0: the profile holds).
     prefill_correction: float = 1.0
     decode_correction: float = 1.0
+    prefill_model_correction: float = 1.0
+    decode_model_correction: float = 1.0
 
 
 class PoolDecision(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -71,7 +74,8 @@ class PlannerState(msgspec.Struct, omit_defaults=True):
     memory: dict[str, tuple[int, list[int]]] = msgspec.field(default_factory=dict)
     #: model -> observations, oldest first, each [rate, isl or -1, osl or -1].
     history: dict[str, list[tuple[float, float, float]]] = msgspec.field(default_factory=dict)
-    corrections: dict[str, tuple[float, float]] = msgspec.field(default_factory=dict)
+    #: model -> its corrections: prefill, decode, prefill_model, decode_model (an older state: the first two).
+    corrections: dict[str, tuple[float, ...]] = msgspec.field(default_factory=dict)
     version: int = 1
 
 

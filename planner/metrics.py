@@ -29,8 +29,9 @@ class PlannerMetrics:
                               "(req/s), isl, osl (tokens), ttft_s, itl_s", ["model", "quantity"], registry=r)
         self.predicted = Gauge("sluice_planner_predicted_load", "Load predicted for the next interval: rate "
                                "(req/s), isl, osl (tokens)", ["model", "quantity"], registry=r)
-        self.correction = Gauge("sluice_planner_correction", "sla mode: observed over expected latency, per "
-                                "phase (prefill, decode)", ["model", "phase"], registry=r)
+        self.correction = Gauge("sluice_planner_correction", "sla mode: observed over expected latency per "
+                                "phase (prefill, decode), and the workers' step-time models over the profile's "
+                                "(prefill_model, decode_model)", ["model", "phase"], registry=r)
         self.leader = Gauge("sluice_planner_leader", "1 while this process is the namespace's acting planner",
                             registry=r)
         self.decisions = Counter("sluice_planner_decisions_total", "Decisions taken, by kind (interval, fast)",
@@ -56,3 +57,5 @@ class PlannerMetrics:
                         gauge.labels(m.model, quantity).set(value)
             self.correction.labels(m.model, "prefill").set(m.prefill_correction)
             self.correction.labels(m.model, "decode").set(m.decode_correction)
+            self.correction.labels(m.model, "prefill_model").set(m.prefill_model_correction)
+            self.correction.labels(m.model, "decode_model").set(m.decode_model_correction)

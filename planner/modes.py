@@ -28,10 +28,12 @@ over expected TTFT and ITL):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.pools import Pool
 from core.settings import PlannerThresholds
+from core.timing import TimingModel
 from planner.connectors.base import PoolRef
 from planner.observe import PoolState, TrafficSample
 from planner.profile import Profile, replicas_for
@@ -52,6 +54,16 @@ class Forecast:
     rate: float
     isl: float
     osl: float
+
+
+def with_headroom(f: Forecast, z: float, interval_s: float) -> Forecast:
+    """``f`` with its rate raised to the upper end of what the next interval may bring: arrivals are
+    Poisson, so an interval of ``T`` seconds at rate ``r`` sees ``r +- sqrt(r / T)`` (one standard
+    deviation); planning for ``r + z sqrt(r / T)`` leaves the intervals that bring more than the mean
+    within the targets too (z = 1.3: nine in ten). It matters for short intervals and low rates."""
+    if f.rate <= 0 or z <= 0:
+        return f
+    return Forecast(f.rate + z * math.sqrt(f.rate / interval_s), f.isl, f.osl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +101,29 @@ def threshold_plan(state: PoolState, thresholds: PlannerThresholds) -> PoolPlan:
 
 @dataclass(slots=True)
 class Corrections:
-    """Observed over expected latency, per phase, smoothed across intervals (1.0: the profile holds)."""
+    """How far the fleet is from its profile, per phase (1.0: the profile holds), in two factors:
+
+    * ``prefill_model``, ``decode_model``: the workers' own step-time models (fitted from their steps and
+      published with their load) over the model the profile's run fitted, for a prompt of the predicted
+      length and a step at the target's KV usage: the hardware or the engine's settings changed;
+    * ``prefill``, ``decode``: observed over expected TTFT and ITL, the expectation already scaled by the
+      first factor, smoothed across intervals: what the step models do not see (the request path, other
+      processes on the machine).
+
+    The plan scales the profile's times by their product (``prefill_factor``, ``decode_factor``)."""
 
     prefill: float = 1.0
     decode: float = 1.0
+    prefill_model: float = 1.0
+    decode_model: float = 1.0
+
+    @property
+    def prefill_factor(self) -> float:
+        return self.prefill * self.prefill_model
+
+    @property
+    def decode_factor(self) -> float:
+        return self.decode * self.decode_model
 
     def update(self, phase: str, observed: float | None, expected: float | None) -> None:
         if observed is None or expected is None or not 0 < expected < math.inf:
@@ -101,6 +132,14 @@ class Corrections:
         ratio = min(hi, max(lo, observed / expected))
         kept = getattr(self, phase)
         setattr(self, phase, kept + CORRECTION_SMOOTHING * (ratio - kept))
+
+    def set_models(self, prefill: float | None, decode: float | None) -> None:
+        """The step-model factors (None: no worker published a model, or the profile has none: left)."""
+        lo, hi = CORRECTION_BOUNDS
+        if prefill is not None:
+            self.prefill_model = min(hi, max(lo, prefill))
+        if decode is not None:
+            self.decode_model = min(hi, max(lo, decode))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +152,7 @@ class SlaPlanner:
     prefill_utilization: float = 0.7
 
     def prefill_service_s(self, isl: float, c: Corrections) -> float:
-        return self.profile.ttft_s(isl) * c.prefill
+        return self.profile.ttft_s(isl) * c.prefill_factor
 
     def prefill_rho(self, service_s: float) -> float:
         """The highest prefill utilization that keeps the mean TTFT within the target (M/D/1)."""
@@ -133,8 +172,8 @@ class SlaPlanner:
     def decode_batch(self, isl: float, osl: float, c: Corrections) -> tuple[int, float]:
         """The batch a decode worker holds within the ITL target, and its ITL there."""
         context = isl + osl / 2
-        batch = max(1, self.profile.decode_batch_within(self.itl_s, context, c.decode))
-        return batch, self.profile.itl_s(batch, context) * c.decode
+        batch = max(1, self.profile.decode_batch_within(self.itl_s, context, c.decode_factor))
+        return batch, self.profile.itl_s(batch, context) * c.decode_factor
 
     def needs(self, f: Forecast, c: Corrections) -> tuple[float, float, float, float]:
         """Worker-equivalents for prefill and decode, the prompt's service time and the decode ITL."""
@@ -152,10 +191,10 @@ class SlaPlanner:
             busy = f.rate * s / n
             if busy >= rho_max:
                 continue
-            batch = self.profile.decode_batch_within(self.itl_s * (1 - busy), context, c.decode)
+            batch = self.profile.decode_batch_within(self.itl_s * (1 - busy), context, c.decode_factor)
             if batch == 0:
                 continue
-            itl = self.profile.itl_s(batch, context) * c.decode / (1 - busy)
+            itl = self.profile.itl_s(batch, context) * c.decode_factor / (1 - busy)
             if f.rate * f.osl * itl / n <= batch:
                 return n, itl
         prefill, decode, _, itl = self.needs(f, c)  # out of reach: the two phases' sum, as for pools apart
@@ -164,7 +203,8 @@ class SlaPlanner:
     def plan(self, model: str, layout: str, f: Forecast, c: Corrections) -> list[PoolPlan]:
         prefill, decode, s, itl = self.needs(f, c)
         why = (f"predicted {f.rate:.2f} req/s, isl {f.isl:.0f}, osl {f.osl:.0f}; prompt {s:.3f} s "
-               f"(corrections prefill {c.prefill:.2f}, decode {c.decode:.2f})")
+               f"(corrections prefill {c.prefill:.2f} x {c.prefill_model:.2f}, decode {c.decode:.2f} x "
+               f"{c.decode_model:.2f})")
         if layout == "disagg":
             n_p, n_d = replicas_for(prefill), replicas_for(decode)
             return [PoolPlan(PoolRef(model, Pool.PREFILL), n_p, f"{why}: {prefill:.2f} prefill workers",
@@ -182,7 +222,7 @@ class SlaPlanner:
         n, pool, out, why = state.workers, state.ref.pool, 0, []
         if pool.serves_clients and n:
             context = max(f.isl + f.osl / 2, 1.0)
-            batch = max(1, self.profile.decode_batch_within(self.itl_s, context, c.decode))
+            batch = max(1, self.profile.decode_batch_within(self.itl_s, context, c.decode_factor))
             usage_at_target = min(1.0, batch * context / self.profile.kv_tokens)
             out = replicas_for(n * state.kv_usage / usage_at_target)
             why.append(f"kv usage {state.kv_usage:.2f} (target {usage_at_target:.2f})")
@@ -191,6 +231,26 @@ class SlaPlanner:
             out = max(out, replicas_for(state.pending * s / self.ttft_s))
             why.append(f"{state.pending} prompts waiting")
         return out, ", ".join(why)
+
+    def model_factors(self, f: Forecast, prefill: PoolState | None, decode: PoolState | None,
+                      ) -> tuple[float | None, float | None]:
+        """The workers' step-time models over the profile's (see :class:`Corrections`): the mean over the
+        workers that published one of their prefill time for a prompt of the predicted length, and of their
+        decode step at the KV usage where the profile meets the ITL target; None where either side lacks one."""
+        reference = TimingModel.decode_text(self.profile.timing)
+        if reference is None:
+            return None, None
+        context = max(f.isl + f.osl / 2, 1.0)
+        batch = max(1, self.profile.decode_batch_within(self.itl_s, context))
+        usage = min(1.0, batch * context / self.profile.kv_tokens)
+
+        def ratio(models: tuple[TimingModel, ...], of: Callable[[TimingModel], float]) -> float | None:
+            base = of(reference)
+            return sum(of(m) for m in models) / len(models) / base if models and base > 0 else None
+
+        isl = max(f.isl, 1.0)
+        return (ratio(prefill.timings, lambda m: m.prefill_ms(isl)) if prefill else None,
+                ratio(decode.timings, lambda m: m.decode_ms(usage)) if decode else None)
 
     def correct(self, c: Corrections, sample: TrafficSample, states: dict[PoolRef, PoolState], model: str,
                 layout: str) -> None:
@@ -204,14 +264,14 @@ class SlaPlanner:
         context = sample.isl + (sample.osl or 0.0) / 2
         per_worker = max(1.0, d_state.running / d_state.workers) if d_state is not None and d_state.workers else 1.0
         if p_state is not None and p_state.workers and sample.ttft_s is not None:
-            unit = Corrections(1.0, c.decode)
+            unit = Corrections(1.0, c.decode, c.prefill_model, c.decode_model)
             expected = self.expected_ttft_s(sample.rate, sample.isl, p_state.workers, unit)
             if layout != "disagg":  # a prompt that arrives mid-step waits for it: half a decode step
-                expected += self.profile.itl_s(per_worker, context) * c.decode / 2
+                expected += self.profile.itl_s(per_worker, context) * c.decode_factor / 2
             c.update("prefill", sample.ttft_s, expected)
         if d_state is not None and d_state.workers and sample.itl_s is not None and sample.osl is not None:
-            expected = self.profile.itl_s(per_worker, context)
+            expected = self.profile.itl_s(per_worker, context) * c.decode_model
             if layout != "disagg":  # the prefills the same workers ran meanwhile stretch the gaps
-                busy = sample.rate * self.profile.ttft_s(sample.isl) / d_state.workers
+                busy = sample.rate * self.profile.ttft_s(sample.isl) * c.prefill_model / d_state.workers
                 expected = expected / (1 - busy) if busy < 1 else math.inf
             c.update("decode", sample.itl_s, expected)

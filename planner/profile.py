@@ -46,6 +46,9 @@ class Profile(BaseModel):
     max_num_seqs: int = Field(ge=1)
     prefill: list[PrefillPoint] = Field(min_length=1)
     decode: list[DecodePoint] = Field(min_length=1)
+    #: The engine's step-time model fitted from the profile's own steps (core.timing, ``p0,p1,p2,d0,d1,d2``;
+    #: "" when the engine reports no steps): the planner compares the workers' live models with it.
+    timing: str = ""
 
     @classmethod
     def load(cls, path: Path) -> Profile:

@@ -43,10 +43,12 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat
 from core.messages import SamplingParams
 from core.settings import Settings
 from core.shm import ShmEntries
+from core.timing import TimingModel
 from planner.profile import DecodePoint, PrefillPoint, Profile
 from workers.engines.base import Engine, EngineInfo, EngineRequest
 from workers.engines.factory import create_engine
 from workers.engines.registry import ENGINES
+from workers.timing_model import TimingFit
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +300,8 @@ async def run_profile(settings: Settings, spec: ProfileSpec, progress: Progress 
     (``EngineConfigError``, ``EngineStartError``), ProfileError, or a request's ``SluiceError``."""
     say = progress or (lambda _line: None)
     engine = create_engine(settings)
+    steps = TimingFit()
+    engine.on_step = steps.observe  # the engine's step-time model, kept with the profile (Profile.timing)
     held = ShmEntries(frozenset())
     try:
         await engine.start()
@@ -315,7 +319,7 @@ async def run_profile(settings: Settings, spec: ProfileSpec, progress: Progress 
         return Profile(engine=info.engine, model=info.model, created_at=time.time(),
                        hardware=spec.hardware if spec.hardware is not None else _hardware(settings),
                        kv_tokens=info.kv_blocks * info.block_size, max_num_seqs=info.max_num_seqs,
-                       prefill=prefill, decode=decode)
+                       prefill=prefill, decode=decode, timing=_encoded(steps.model()))
     finally:
         await _shut_down(engine, held)
 
@@ -330,6 +334,10 @@ async def _shut_down(engine: Engine, held: ShmEntries) -> None:
     except Exception:  # noqa: BLE001 - see the docstring
         log.exception("engine shutdown failed")
     await held.release(_SHM_RELEASE_S)
+
+
+def _encoded(model: TimingModel | None) -> str:
+    return model.encode() if model is not None else ""
 
 
 def _hardware(settings: Settings) -> str:

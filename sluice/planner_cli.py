@@ -82,7 +82,7 @@ def add_planner(sub: argparse._SubParsersAction[Any], log_levels: tuple[str, ...
                    help=f"the adjustment interval (SLUICE_PLANNER__INTERVAL_S; default {fields['interval_s'].default:g})")
     p.add_argument("--profile", type=Path, default=None, metavar="FILE",
                    help="the sla mode's profile, as sluice profile writes it (SLUICE_PLANNER__PROFILE)")
-    p.add_argument("--log-level", choices=log_levels, default="info")
+    p.add_argument("--log-level", type=str.lower, choices=log_levels, default="info", help="log verbosity")
     p.set_defaults(func=_planner)
     planner_sub = p.add_subparsers(title="commands", metavar="COMMAND", required=False)
     s = planner_sub.add_parser("status", help="show the acting planner's last decisions",

@@ -156,3 +156,33 @@ def test_sla_corrections_compare_what_was_observed_with_what_the_profile_expecte
     c = Corrections()
     sla.correct(c, sample, states, "m", "disagg")
     assert c.prefill == pytest.approx(1.5) and c.decode == pytest.approx(1.0)
+
+
+def test_the_rate_is_planned_with_headroom_for_a_busier_interval() -> None:
+    from planner.modes import with_headroom
+
+    f = Forecast(rate=4.0, isl=100, osl=10)
+    assert with_headroom(f, 1.3, 10.0) == Forecast(4.0 + 1.3 * math.sqrt(0.4), 100, 10)
+    assert with_headroom(f, 0.0, 10.0) == f and with_headroom(Forecast(0.0, 1, 1), 1.3, 10.0).rate == 0.0
+    # Longer intervals average more arrivals: less headroom.
+    assert with_headroom(f, 1.3, 60.0).rate < with_headroom(f, 1.3, 10.0).rate
+
+
+def test_the_workers_step_models_against_the_profiles_scale_the_plan() -> None:
+    from core.timing import TimingModel
+
+    reference = TimingModel((10.0, 0.01, 0.0), (5.0, 20.0, 0.0))
+    twice = TimingModel((20.0, 0.02, 0.0), (10.0, 40.0, 0.0))
+    sla = SlaPlanner(profile().model_copy(update={"timing": reference.encode()}), ttft_s=0.3, itl_s=0.05)
+    f = Forecast(rate=20.0, isl=1000, osl=100)
+    slow = PoolState(AGG, 2, timings=(twice, twice))
+    assert sla.model_factors(f, slow, slow) == pytest.approx((2.0, 2.0))
+    assert sla.model_factors(f, PoolState(AGG, 2), None) == (None, None)  # no worker model: nothing to say
+    assert SlaPlanner(profile(), 0.3, 0.05).model_factors(f, slow, slow) == (None, None)  # a profile without one
+    c = Corrections()
+    c.set_models(*sla.model_factors(f, slow, slow))
+    assert (c.prefill_factor, c.decode_factor) == pytest.approx((2.0, 2.0))
+    # Twice as slow a prompt is twice the prefill service time the plan sizes for.
+    assert sla.prefill_service_s(1000, c) == pytest.approx(2 * sla.prefill_service_s(1000, Corrections()))
+    c.set_models(9.0, None)
+    assert c.prefill_model == 4.0 and c.decode_model == pytest.approx(2.0)  # bounded; None leaves it

@@ -140,6 +140,17 @@ async def test_profile_describes_the_engine_and_round_trips(profile: Profile, tm
     assert Profile.load(path) == profile
 
 
+async def test_the_profile_keeps_the_engines_step_time_model(profile: Profile) -> None:
+    """Fitted from the run's own steps: the mocker's published model (at its speed), to a few percent."""
+    from core.timing import TimingModel
+
+    model = TimingModel.decode_text(profile.timing)
+    assert model is not None
+    for tokens in (256, 1024):
+        assert model.prefill_ms(tokens) == pytest.approx(prefill_ms(tokens) / SPEEDUP, rel=0.1)
+    assert model.decode_ms(0.3) == pytest.approx(decode_ms(0.3) / SPEEDUP, rel=0.1)
+
+
 def _leftovers() -> tuple[set[str], list[psutil.Process], list[asyncio.Task[object]]]:
     threads = {t.name for t in threading.enumerate()}
     tasks = [t for t in asyncio.all_tasks() if t.get_name() == "mocker-scheduler"]

@@ -11,7 +11,7 @@ import pytest
 from sluice import cli
 
 COMMANDS = ["serve", "worker", "router", "bookkeeper", "flower", "start", "drain", "status", "prometheus-targets", "models", "keys",
-            "usage", "db", "observe", "dashboard"]
+            "usage", "db", "observe", "dashboard", "planner", "profile"]
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
