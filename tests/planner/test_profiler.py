@@ -32,8 +32,10 @@ MOCKER = MockerSettings(speedup=SPEEDUP, kv_blocks=2048, block_size=16, max_num_
 #: 3000 tokens are prefilled in three chunks (1024, 1024, 952); batch 16 of 1024 tokens fills half the cache.
 SPEC = ProfileSpec(isls=(256, 1024, 3000), repeats=3, contexts=(256, 1024), batches=(1, 4, 16),
                    skip_tokens=2, decode_tokens=8)
-#: Measured over predicted: wide, for a loaded 2-core machine (sleeps run late, never early).
-LOW, HIGH = 0.5, 1.5
+#: Measured over predicted: wide, for a loaded 2-core machine (sleeps run late, never early: a suite's other
+#: processes stretched 10 ms steps past 1.5x once), and still narrow enough to catch a profile that measured
+#: nothing, or ten times the time.
+LOW, HIGH = 0.5, 3.0
 
 
 def mocker_settings(mocker: MockerSettings = MOCKER) -> Settings:
@@ -158,11 +160,11 @@ def _leftovers() -> tuple[set[str], list[psutil.Process], list[asyncio.Task[obje
 
 
 async def test_the_engine_is_shut_down_after_a_run() -> None:
-    threads, children, _ = _leftovers()
+    threads, children, before = _leftovers()  # the session's loop may hold other tests' tasks
     small = ProfileSpec(isls=(64,), repeats=1, contexts=(64,), batches=(2,), skip_tokens=1, decode_tokens=2)
     await run_profile(mocker_settings(), small)
     after_threads, after_children, scheduler = _leftovers()
-    assert scheduler == [] and after_threads <= threads and after_children == children
+    assert set(scheduler) <= set(before) and after_threads <= threads and after_children == children
 
 
 async def test_the_engine_is_shut_down_when_a_run_fails() -> None:
@@ -170,7 +172,8 @@ async def test_the_engine_is_shut_down_when_a_run_fails() -> None:
         if line.startswith("decode"):
             raise RuntimeError("interrupted")
 
+    before = _leftovers()[2]
     small = ProfileSpec(isls=(64,), repeats=1, contexts=(64,), batches=(2,), skip_tokens=1, decode_tokens=2)
     with pytest.raises(RuntimeError, match="interrupted"):
         await run_profile(mocker_settings(), small, progress=fail_on_decode)
-    assert _leftovers()[2] == []
+    assert set(_leftovers()[2]) <= set(before)
