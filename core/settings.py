@@ -338,7 +338,7 @@ class PlannerSettings(BaseModel):
     #: How the next interval's rate, input and output lengths are predicted (planner.predictors); ``constant``
     #: erred least on the bench's day (docs/planner.md, "Predictors").
     predictor: Literal["constant", "moving_average", "arima", "kalman"] = "constant"
-    #: Observations the predictors keep (moving average, ARIMA).
+    #: The moving average's window, in intervals (ARIMA fits its last 60: planner.predictors).
     predictor_window: int = Field(10, ge=1)
     #: Replicas per pool, and of all pools of all models together.
     min_replicas: int = Field(1, ge=0)

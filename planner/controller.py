@@ -46,12 +46,11 @@ from planner.leader import LeaderLease
 from planner.metrics import PlannerMetrics
 from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, threshold_plan, with_headroom
 from planner.observe import PoolState, TrafficMeter, TrafficSample, pool_states
-from planner.predictors import Predictor, make_predictor
+from planner.predictors import Predictor, PredictorKind, make_predictor
 from planner.profile import Profile
 from planner.prometheus import PrometheusError, PrometheusTraffic
 from planner.scaling import PoolMemory, bounded, fit_budget, grow_only, settle
 from router.cluster import ClusterReader, ClusterSnapshot
-from router.queues import queue_depths
 
 log = logging.getLogger("sluice.planner")
 
@@ -83,8 +82,9 @@ class ModelForecaster:
         return Forecast(self.rate.predict(), self.isl.predict(), self.osl.predict())
 
 
-def _predictor(kind: str, window: int) -> Predictor:
-    return make_predictor(kind, window=window) if kind in ("moving_average", "arima") else make_predictor(kind)  # type: ignore[arg-type]
+def _predictor(kind: PredictorKind, window: int) -> Predictor:
+    """``window`` is the moving average's; ARIMA keeps its own (it needs more points than a window to average)."""
+    return make_predictor(kind, window=window) if kind == "moving_average" else make_predictor(kind)
 
 
 class Planner:
@@ -187,16 +187,14 @@ class Planner:
                     self.corrections[model] = Corrections(*state.corrections.get(model, ()))
                 log.info("planner: resuming at interval %d from the state of %.0f s ago", self.tick,
                          self.clock() - state.at)
-        snapshot = await self.reader.read()
-        self.meter.read(snapshot.frontends, self.clock())
+        self.meter.read(await self.reader.frontends.live(), self.clock())
 
     async def step(self, kind: str) -> Decision:
         """One tick: observe, plan, apply, record."""
         now = self.clock()
-        snapshot = await self.reader.read()
         pool_queues = {ref: self.keys.pool_queue(ref.model, ref.pool.value) for ref in self.refs}
-        depths = await queue_depths(self.redis, self.keys, list(pool_queues.values()))
-        states = pool_states(snapshot, {ref: depths.get(q, 0) for ref, q in pool_queues.items()})
+        snapshot = await self.reader.read(extra_queues=pool_queues.values(), index=False)
+        states = pool_states(snapshot, {ref: snapshot.queue_messages.get(q, 0) for ref, q in pool_queues.items()})
         traffic = await self._traffic(snapshot, now) if kind == "interval" else None
         if kind == "interval":
             self.tick += 1

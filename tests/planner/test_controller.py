@@ -176,3 +176,13 @@ async def _until(predicate, timeout: float = 5.0) -> None:  # noqa: ANN001
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("kind", ["constant", "moving_average", "arima", "kalman"])
+async def test_every_predictor_kind_plans_from_the_observed_traffic(redis, namespace, kind: str) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    p = planner(redis, keys, predictor=kind)
+    forecaster = p.forecasters[MODEL]
+    for rate in (1.0, 2.0, 3.0):
+        forecaster.observe(rate, 100.0, 10.0)
+    assert forecaster.forecast().rate > 0 and forecaster.forecast().isl > 0
