@@ -45,6 +45,10 @@ class ClusterSnapshot:
         return sorted({w.record.model for w in self.workers})
 
 
+async def _no_sizes() -> dict[str, int]:
+    return {}
+
+
 def watched_queues(workers: Iterable[LiveWorker]) -> list[str]:
     """Every queue the workers take tasks from: their pools' queues and their own."""
     return list(dict.fromkeys(q for w in workers for q in (w.record.pool_queue, w.record.queue)))
@@ -74,11 +78,14 @@ class ClusterReader:
         """Close the registry's own connection (for a reader made by :meth:`of`; the clients are the caller's)."""
         await self.registry.aclose()
 
-    async def read(self) -> ClusterSnapshot:
+    async def read(self, extra_queues: Iterable[str] = (), index: bool = True) -> ClusterSnapshot:
+        """``extra_queues``: more queues to count with the workers' own (a pool without a live worker has
+        none in ``watched_queues``); ``index``: whether to read the index sizes (False: ``index_blocks`` is
+        empty, one round trip fewer)."""
         workers, frontends = await asyncio.gather(self.registry.live_workers(), self.frontends.live())
         depths, sizes = await asyncio.gather(
-            queue_depths(self.client, self.keys, watched_queues(workers)),
-            self._index_sizes(workers))
+            queue_depths(self.client, self.keys, [*watched_queues(workers), *extra_queues]),
+            self._index_sizes(workers) if index else _no_sizes())
         return ClusterSnapshot(namespace=self.keys.namespace, taken_at=time.time(),
                                workers=sorted(workers, key=lambda w: w.record.worker_id),
                                frontends=sorted(frontends, key=lambda f: f.record.frontend_id),

@@ -103,3 +103,19 @@ async def test_a_snapshot_holds_workers_frontends_queues_and_index_sizes(counter
     assert snap.index_blocks == {"a": 2, "bb": 1}
     assert snap.pool_queues() == {("m", "agg"): keys.pool_queue("m", "agg"), ("m", "decode"): keys.pool_queue("m", "decode")}
     assert snap.models() == ["m"]
+
+
+async def test_a_snapshot_can_count_more_queues_and_leave_the_index_out(counter: RoundTripCounter, keys: Keys,
+                                                                        queues_cleanup: None) -> None:
+    """What the planner reads each tick: the queues of pools without a live worker too, no index sizes."""
+    client = counter.client
+    await Registry(client, keys).register(record(keys, "a"), WorkerLoad(), 30)
+    await client.sadd(keys.kv_worker("a"), "00ff")
+    empty_pool = keys.pool_queue("m", "prefill")
+    await client.lpush(queue_list_keys(keys, empty_pool)[0], b"x")
+    reader = ClusterReader(client, keys)
+    await reader.read()
+    sends, snap = await counter.count(lambda: reader.read(extra_queues=[empty_pool], index=False))
+    assert sends == 4  # the registry's two, the frontends' one (none lives), the queues': no index sizes
+    assert snap.index_blocks == {}
+    assert snap.queue_messages == {keys.pool_queue("m", "agg"): 0, keys.worker_queue("a"): 0, empty_pool: 1}
