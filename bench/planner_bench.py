@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -372,10 +373,10 @@ def summarize(c: Config, layout: str, fleet: str, record: RunRecord, notes: dict
         if "restarted_at" in notes:
             after = [d for d in decisions if d.at >= notes["restarted_at"]]
             first_ticks = sorted({d.tick for d in after if d.kind == "interval"})[:2]
+            until = first_ticks[-1] if first_ticks else float("inf")  # its second interval, fast ticks included
             out["restart"] = {
                 "fleet_before_kill": notes.get("fleet_before_kill"), "fleet_while_dead": notes.get("fleet_while_dead"),
-                "actions_in_first_two_intervals": sum(1 for d in after if d.tick in first_ticks or d.kind == "fast"
-                                                      and (not first_ticks or d.tick <= first_ticks[-1])
+                "actions_in_first_two_intervals": sum(1 for d in after if d.tick <= until
                                                       for p in d.pools if p.action != "hold"),
             }
     return out
@@ -482,8 +483,7 @@ def main(argv: list[str] | None = None) -> dict:
                           f"{r['worker_seconds']:.0f} worker-s")
     ratios = report(console, runs, oracles, c)
     out = {"benchmark": "planner", "engine": "mocker", "host": platform.node(), "python": platform.python_version(),
-           "config": vars(c), "day": [vars(s) if hasattr(s, "__dict__") else {"load": s.load, "isl": s.isl, "osl": s.osl,
-                                                                            "steady": s.steady} for s in DAY],
+           "config": vars(c), "day": [dataclasses.asdict(s) for s in DAY],
            "profile": profile.model_dump(), "oracles": {k: v.replicas for k, v in oracles.items()},
            "runs": runs, "ratios": ratios}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from planner.modes import Corrections, Forecast, SlaPlanner
-from planner.profile import Profile
 
 CHAT = (512, 128)
 LONG = (2000, 32)
@@ -126,12 +125,3 @@ def flaps(actions: Sequence[tuple[int, str, str]], within: int, steady: set[int]
             count += 1
         last[pool] = (tick, direction)
     return count
-
-
-def profile_for(day: Sequence[Step]) -> tuple[int, ...]:
-    """The prompt lengths the day uses (the profile must cover them)."""
-    return tuple(sorted({s.isl for s in day}))
-
-
-def sla_planner(profile: Profile, ttft_s: float, itl_s: float, utilization: float) -> SlaPlanner:
-    return SlaPlanner(profile, ttft_s, itl_s, utilization)

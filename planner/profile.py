@@ -63,11 +63,6 @@ class Profile(BaseModel):
         points = sorted(self.prefill, key=lambda p: p.isl)
         return _interpolate([p.isl for p in points], [p.ttft_s for p in points], isl)
 
-    def prefill_tokens_per_s(self, isl: float) -> float:
-        """A prefill worker's throughput on ``isl``-token prompts, one after the other."""
-        isl = max(isl, 1.0)
-        return isl / self.ttft_s(isl)
-
     # ---- decode ----
     def itl_s(self, batch: float, context: float) -> float:
         """Expected inter-token latency with ``batch`` streams of ``context`` tokens each."""

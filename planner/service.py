@@ -23,7 +23,6 @@ from pathlib import Path
 from prometheus_client import start_http_server
 
 from core.addresses import advertised_host, http_url
-from core.keys import Keys
 from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings
 from planner.connectors.base import Connector
@@ -102,7 +101,3 @@ def run(settings: Settings) -> int:
 
     asyncio.run(main())
     return 0
-
-
-def keys_of(settings: Settings) -> Keys:
-    return RedisTopology.from_settings(settings.redis).keys

@@ -115,7 +115,7 @@ class LocalConnector:
         serving = sorted((w for w in self.workers if w.ref == pool and not w.stopping), key=lambda w: w.started_at)
         for _ in range(replicas - len(serving)):
             self._start(pool)  # a fork and exec: milliseconds, on the planner's own thread (see _start)
-        for worker in serving[replicas:][::-1] if replicas < len(serving) else []:
+        for worker in reversed(serving[replicas:]):
             self._stop(worker)
         self._save()
 
