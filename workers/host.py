@@ -223,13 +223,18 @@ class EngineHost:
             await asyncio.sleep(interval)
             try:
                 assert self.record is not None
+                began = time.monotonic()
                 fresh = await self.registry.heartbeat(self.record, self._load(), self.settings.worker.lease_ttl_s)
                 if fresh is not None:  # re-registered (Redis lost our lease): the index must be rebuilt
                     self.record = fresh
                     await self._drop_lapsed(renewed_at if failed_at is None else failed_at)
                     await self._publish_kv_state(fresh.slot)
+                # On time and answered at once: a stall of this process, of Redis or of the whole machine
+                # (a busy one stops processes for seconds) held the frontends' renewals up too.
+                steady = (failed_at is None and fresh is None and began - renewed_at <= 2 * interval
+                          and time.monotonic() - began <= interval)
                 renewed_at, failed_at = time.monotonic(), None
-                await self._drop_orphans()
+                await self._drop_orphans(steady)
             except Exception:  # noqa: BLE001 - keep heartbeating through Redis hiccups
                 failed_at = time.monotonic()
                 log.exception("heartbeat failed")
@@ -244,13 +249,16 @@ class EngineHost:
             log.warning("worker %s dropping %d of %d running request(s): this worker's lease lapsed, and their "
                         "frontends moved or ended them", self.identity.worker_id, len(stale), len(self.running.tasks))
         for request_id in stale:
+            self.running.dropped[request_id] = f"worker {self.identity.worker_id} lost its lease and stopped the request"
             await self.engine.abort(request_id)
 
-    async def _drop_orphans(self) -> None:
+    async def _drop_orphans(self, steady: bool = True) -> None:
         """Abort the requests of frontends whose lease has been missing for ``frontend_grace_s``
-        (the frontend died: nobody reads their tokens). One pipelined call for all of them."""
+        (the frontend died: nobody reads their tokens). One pipelined call for all of them. The grace
+        counts from a ``steady`` heartbeat on: after a stall (this process's, Redis's, the machine's)
+        a frontend that is alive gets its time to renew its lease before its requests are judged."""
         frontends = sorted(set(self.running.frontend_of.values()))
-        if not frontends:
+        if not frontends or not steady:
             self._frontend_missing.clear()
             return
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -268,6 +276,8 @@ class EngineHost:
         log.warning("worker %s dropping %d request(s) of gone frontend(s) %s", self.identity.worker_id,
                     len(orphans), ", ".join(sorted(gone)))
         for request_id in orphans:
+            self.running.dropped[request_id] = (f"worker {self.identity.worker_id} took the request's frontend for "
+                                                "gone (its lease lapsed) and stopped the request")
             await self.engine.abort(request_id)
 
     async def _publish_load_now(self) -> None:

@@ -120,14 +120,14 @@ class RequestRunner:
                 if isinstance(req, PrefillRequest) and out.finish_reason == "length" and req.sampling.max_tokens > 1:
                     self._hand_off(req, out.token_ids, out.kv_handle, started_at, out.logprobs, out.prompt_logprobs)
                     return
-                if out.finish_reason == "abort" and req.request_id in self.running.evicted:
+                failure = self._failure(req, out.finish_reason)
+                if failure is not None:
                     if out.token_ids:
                         self._send(req, TokenDelta(req.request_id, seq, out.token_ids, worker_id=wid if first else None))
                         seq += 1
                     if prefill and out.kv_handle is not None:
                         await self.engine.release_transfer(req.request_id)
-                    self._send(req, TokenDelta(req.request_id, seq, worker_id=wid, error=ErrorInfo(
-                        "worker_draining", f"worker {wid} is shutting down; the request continues elsewhere")))
+                    self._send(req, TokenDelta(req.request_id, seq, worker_id=wid, error=failure))
                     return
                 if prefill and out.kv_handle is not None:  # the request ends here: nothing will read the KV
                     await self.engine.release_transfer(req.request_id)
@@ -153,6 +153,23 @@ class RequestRunner:
             self.running.ended(req.request_id)
             if first:
                 self._release_remote(req)
+
+    def _failure(self, req: TaskRequest, finish: str | None) -> ErrorInfo | None:
+        """The error a request's end is, where the engine ended it for a reason other than its own
+        (``stop``, ``length``) or the frontend's cancel: the worker draining or dropping it (the frontend
+        moves it), its deadline, or an engine error (vLLM's ``FINISHED_ERROR``: a KV load, a grammar; the
+        frontend moves it too). Never a normal finish: the client would get a short answer with 200."""
+        wid = self.identity.worker_id
+        if finish == "abort" and req.request_id in self.running.evicted:
+            return ErrorInfo("worker_draining", f"worker {wid} is shutting down; the request continues elsewhere")
+        if finish == "abort" and req.request_id in self.running.dropped:
+            return ErrorInfo("worker_lost", self.running.dropped[req.request_id])
+        if finish == "abort" and time.time() >= req.deadline:
+            return ErrorInfo("timeout", "the request's deadline passed while it ran")
+        if finish == "error":
+            log.warning("request %s: the engine ended it with an error", req.request_id)
+            return ErrorInfo("engine_error", f"worker {wid}'s engine ended the request with an error")
+        return None
 
     def _engine_request(self, req: TaskRequest) -> EngineRequest:
         if isinstance(req, PrefillRequest):  # the prompt and one token, the blocks held for the decode worker

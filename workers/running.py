@@ -23,6 +23,9 @@ class RunningRequests:
     #: Requests aborted at the drain deadline: they end with ``worker_draining`` (the frontend moves
     #: them), not as finished.
     evicted: set[str] = field(default_factory=set)
+    #: Requests this worker stopped on its own (its lease lapsed, their frontend's lease is gone), with why:
+    #: they end with ``worker_lost``, so a frontend that still reads them moves them on.
+    dropped: dict[str, str] = field(default_factory=dict)
     #: Cancels that came before their request's task (most recent last).
     early_cancels: OrderedDict[str, None] = field(default_factory=OrderedDict)
     #: Taking no new request (SIGTERM or the ``drain`` command).
@@ -57,3 +60,4 @@ class RunningRequests:
         self.frontend_of.pop(request_id, None)
         self.started_at.pop(request_id, None)
         self.evicted.discard(request_id)
+        self.dropped.pop(request_id, None)

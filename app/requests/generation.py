@@ -46,7 +46,7 @@ from core.errors import (
     StreamStalled,
     UpstreamError,
 )
-from core.messages import ControlCommand, SamplingParams, StructuredOutput, TokenDelta, TokenLogprob
+from core.messages import ControlCommand, ErrorInfo, SamplingParams, StructuredOutput, TokenDelta, TokenLogprob
 from core.task_requests import (
     DecodeTarget,
     GenerateRequest,
@@ -72,6 +72,9 @@ if TYPE_CHECKING:
     from app.runtime import FrontendRuntime
 
 log = logging.getLogger(__name__)
+
+#: A worker's errors after which the request continues on another worker (up to the migration limit).
+MOVABLE_ERRORS = ("worker_lost", "worker_draining", "engine_error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,8 +305,13 @@ class Generation:
                 if text:
                     yield text
             if last is not None:
+                if last.error is None and last.finish_reason not in ("stop", "length"):
+                    # Ended by the worker, not by the request (an abort the frontend did not ask for, an
+                    # engine error from an older worker): a failure, moved on like one, never an answer.
+                    last = msgspec.structs.replace(last, error=ErrorInfo(
+                        "engine_error", f"worker {attempt.serving} ended the request early ({last.finish_reason})"))
                 if self._worker_lost(last):
-                    await self._migrate()
+                    await self._migrate(last.error)
                     continue
                 if self._past_migration_limit(last) and last.error is not None:
                     self._done = True
@@ -356,7 +364,7 @@ class Generation:
     def _worker_lost(self, last: TokenDelta) -> bool:
         """The serving worker was lost (or, draining, refused the request) before the request ended,
         and the request may move on."""
-        return (last.error is not None and last.error.type in ("worker_lost", "worker_draining")
+        return (last.error is not None and last.error.type in MOVABLE_ERRORS
                 and self._migrations < self._migration_limit()
                 and len(self._generated) < self.spec.sampling.max_tokens)
 
@@ -369,11 +377,11 @@ class Generation:
 
     def _past_migration_limit(self, last: TokenDelta) -> bool:
         """The worker was lost with tokens still to come, and the request may not move again."""
-        return (last.error is not None and last.error.type in ("worker_lost", "worker_draining")
+        return (last.error is not None and last.error.type in MOVABLE_ERRORS
                 and self._migrations >= self._migration_limit()
                 and len(self._generated) < self.spec.sampling.max_tokens)
 
-    async def _migrate(self) -> None:
+    async def _migrate(self, why: ErrorInfo | None = None) -> None:
         """Continue the request on another live worker: the prompt plus the tokens streamed so far,
         computed there as its prompt (a local prefill), numbered on from them. Raises UpstreamError
         when no other worker serves the model."""
@@ -400,9 +408,9 @@ class Generation:
         pinned = [w for w in workers if w.record.worker_id == spec.overrides.worker_id]
         if not workers:
             self._done = True
-            self.error_type = "worker_lost"
-            raise UpstreamError(f"worker {lost} stopped responding and no other worker serves {spec.model!r}",
-                                code="worker_lost")
+            self.error_type = "engine_error" if why is not None and why.type == "engine_error" else "worker_lost"
+            said = why.message if why is not None else f"worker {lost} stopped responding"
+            raise UpstreamError(f"{said}; no other worker serves {spec.model!r}", code=self.error_type)
         self._migrations += 1
         wire_id = f"{self.request_id}-r{self._migrations}"
         carried = len(self._generated)

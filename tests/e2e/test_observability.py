@@ -132,6 +132,8 @@ def test_the_planner_reads_the_traffic_from_prometheus(observed: tuple[Stack, st
         return sample is not None and sample.finished >= 6
     wait_until(counted, 30, "Prometheus to count the requests")
     sample = asyncio.run(read())[MODEL]
-    assert sample.arrived >= sample.finished >= 6
+    # Over a window, requests that arrived before it may finish in it (and PromQL's increase() extrapolates
+    # each series at the window's edges on its own), so neither count bounds the other.
+    assert sample.arrived >= 6 and sample.finished >= 6
     assert sample.isl is not None and sample.isl > 0 and sample.osl is not None and sample.osl > 0
     assert sample.ttft_s is not None and sample.ttft_s > 0 and sample.itl_s is not None and sample.itl_s > 0

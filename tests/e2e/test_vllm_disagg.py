@@ -74,9 +74,12 @@ def r(redis_server) -> Iterator[redis.Redis]:  # noqa: ANN001
 
 def _complete(stack: Stack, prompt: str, router: str, max_tokens: int = 16) -> httpx.Response:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-    resp = httpx.post(f"{stack.base_url}/v1/completions", json=body, headers={"x-sluice-router": router},
-                      timeout=300)
-    assert resp.status_code == 200, resp.text
+    try:  # shorter than the test's own timeout, so that a hang shows the processes' logs
+        resp = httpx.post(f"{stack.base_url}/v1/completions", json=body, headers={"x-sluice-router": router},
+                          timeout=150)
+    except httpx.TimeoutException as exc:
+        raise AssertionError(_logs(stack, f"no answer in 150 s: {exc!r}", *stack.processes.procs)) from exc
+    assert resp.status_code == 200, _logs(stack, resp.text, *stack.processes.procs)
     return resp
 
 
@@ -122,7 +125,7 @@ def test_greedy_output_is_identical_and_the_decode_worker_reads_the_prompt(pd: S
     finally:
         w.close()
     usage = remote.json()["usage"]
-    assert usage["prompt_tokens"] >= 800 and usage["completion_tokens"] == 16
+    assert usage["prompt_tokens"] >= 800 and usage["completion_tokens"] == 16, _logs(pd, usage, "p1", "d1")
     assert final is not None and final.usage is not None
     # vLLM on the decode worker computed no prompt token: all of them came over NIXL.
     assert final.usage.transferred_tokens == usage["prompt_tokens"], _logs(pd, final.usage, "p1", "d1")

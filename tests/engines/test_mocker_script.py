@@ -50,3 +50,19 @@ async def test_a_matching_prompt_gets_the_scripted_text_then_stops(script: Mocke
         assert len(out) == 5 and reason == "length"
     finally:
         await engine.shutdown()
+
+
+async def test_an_entry_that_ends_in_error_ends_its_request_with_the_engines_error(tmp_path: Path,
+                                                                                 tokenizer_dir: Path) -> None:
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps([{"match": "fail", "output": "Half an answer", "finish": "error"}]))
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    engine = MockerEngine("m", MockerSettings(no_sleep=True), script=MockerScript.load(path, tokenizer_dir))
+    await engine.start()
+    try:
+        # ignore_eos does not carry it past the script's end: the engine failed the request there.
+        out, reason = await _run(engine, tok.encode("please fail").ids,
+                                 SamplingParams(max_tokens=100, temperature=0, ignore_eos=True))
+        assert tok.decode(out) == "Half an answer" and reason == "error"
+    finally:
+        await engine.shutdown()

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from core.messages import FinishReason, SamplingParams, TokenLogprob
 from router.hashing import BlockHash
+from workers.engines.mocker.script import Scripted
 
 
 class RequestState(enum.Enum):
@@ -58,7 +59,7 @@ class Request:
     remote_tokens: int = 0  # prompt tokens whose KV is read from the prefill worker
     pulled: bool = False  # the read is done (the simulated transfer time has passed)
     onboarded: bool = False  # ``remote_tokens`` came from this worker's KV tiers, not a prefill worker
-    script: tuple[int, ...] | None = None  # a scripted output (workers.engines.mocker.script)
+    script: Scripted | None = None  # a scripted output (workers.engines.mocker.script)
     prompt_logprobs: list[TokenLogprob | None] | None = None  # handed out with the first output
     transferred_tokens: int = 0
 

@@ -221,17 +221,20 @@ class Scheduler:
         if req.num_computed < len(req.tokens):  # a prefill chunk short of the end
             return None
         position = len(req.tokens) - req.prompt_len
-        if req.script is not None and position < len(req.script):
-            token, logprob = req.script[position], _certain(req.script[position], req.sampling)
+        script = req.script.ids if req.script is not None else ()
+        if position < len(script):
+            token, logprob = script[position], _certain(script[position], req.sampling)
         else:
             token, logprob = choose(req.key, position, req.sampling, self.settings.vocab_size,
                                     req.tokens, req.prompt_len)
         req.tokens.append(token)
         reason = finish_reason(token, len(req.tokens) - req.prompt_len, len(req.tokens), req.sampling,
                                self.max_model_len)
-        if reason is None and req.script is not None and position + 1 == len(req.script) \
-                and not req.sampling.ignore_eos:
-            reason = "stop"  # the script's end, as a model's end-of-sequence token
+        if req.script is not None and position + 1 == len(script):
+            if req.script.finish == "error":
+                reason = "error"  # the script's engine fails the request here
+            elif reason is None and not req.sampling.ignore_eos:
+                reason = "stop"  # the script's end, as a model's end-of-sequence token
         if reason is not None:
             del self.running[req.request_id]
             if req.export:
