@@ -14,6 +14,8 @@ come back after think times long enough for other traffic to have evicted them. 
   blocks they hold by half or all of each worker's published credit (``tier_credit_scale`` 0.5 and 1;
   the deployment's default, 0, weighs device blocks only, as every other row does), to show what the
   credit buys;
+* ``all tiers, time cost``: the same tiers routed with the ``time`` cost (router.time_cost), device blocks
+  alone credited, and ``all tiers, time cost, half credit``: that cost with half the tiers' credit;
 
 and the routing-quality workload of bench.router_quality (its defaults: a cache that holds the working
 set better) with all tiers, routed on device blocks alone and with half and full credit.
@@ -54,10 +56,16 @@ from workers.kvbm.frame import frame_size
 from workers.kvbm.tiers import KvTiers
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CONFIGS = ("off", "host", "host+disk", "host+disk+shared", "all tiers, half credit", "all tiers, full credit")
-#: The router's tier credit scale (RouterSettings.tier_credit_scale) of the rows that set one; the others
-#: route as the deployment does (device blocks alone count, scale 0).
-CREDIT_SCALE = {"all tiers, half credit": 0.5, "all tiers, full credit": 1.0}
+CONFIGS = ("off", "host", "host+disk", "host+disk+shared", "all tiers, half credit", "all tiers, full credit",
+           "all tiers, time cost", "all tiers, time cost, half credit")
+#: The routing of the rows that change it (RouterSettings fields); the others route as the deployment
+#: does (the block cost, device blocks alone credited).
+ROUTING: dict[str, dict[str, Any]] = {
+    "all tiers, half credit": {"tier_credit_scale": 0.5},
+    "all tiers, full credit": {"tier_credit_scale": 1.0},
+    "all tiers, time cost": {"cost": "time"},
+    "all tiers, time cost, half credit": {"cost": "time", "tier_credit_scale": 0.5},
+}
 
 
 def _tiers(name: str, kvbm: KvbmSettings) -> TierSetup | None:
@@ -69,8 +77,8 @@ def _tiers(name: str, kvbm: KvbmSettings) -> TierSetup | None:
 
 
 def _router(name: str) -> RouterSettings:
-    """The deployment's routing, with the tier credit scale of the rows that set one."""
-    return RouterSettings(tier_credit_scale=CREDIT_SCALE.get(name, RouterSettings().tier_credit_scale))
+    """The deployment's routing, changed as the row says (:data:`ROUTING`)."""
+    return RouterSettings(**ROUTING.get(name, {}))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -148,7 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
                 quality = shared_workload(args.workers, seed, users_per_worker=12, turns=8, duration_s=60.0,
                                           system_tokens=1500, users_per_system=8, first_tokens=(1000, 6000),
                                           user_tokens=(50, 500), output_tokens=(100, 300), think_s=6.0)
-                for config in ("off", "host+disk+shared", "all tiers, half credit", "all tiers, full credit"):
+                for config in ("off", "host+disk+shared", "all tiers, half credit", "all tiers, full credit",
+                               "all tiers, time cost", "all tiers, time cost, half credit"):
                     _fresh(server, Path(tmp))
                     r = simulate(server.url, "kv", quality, args.workers, quality_mocker, seed, _router(config),
                                  tiers=_tiers(config, qkvbm))
@@ -260,11 +269,12 @@ def _mean(rows: list[dict], workload: str, config: str, key: str) -> float | Non
 
 
 def _ratios(rows: list[dict]) -> dict[str, float]:
-    """Per workload, each config's mean TTFT (and return-turn TTFT) over ``off``'s and over
-    ``host+disk+shared``'s, the same tiers routed on device blocks alone (means over seeds)."""
+    """Per workload, each config's mean TTFT (and return-turn TTFT) over ``off``'s, over
+    ``host+disk+shared``'s (the same tiers routed on device blocks alone) and over ``all tiers, time
+    cost``'s (the same with the time cost) (means over seeds)."""
     out: dict[str, float] = {}
     for workload in sorted({r["workload"] for r in rows}):
-        for base in ("off", "host+disk+shared"):
+        for base in ("off", "host+disk+shared", "all tiers, time cost"):
             for config in sorted({r["config"] for r in rows if r["workload"] == workload} - {base, "off"}):
                 for key in ("ttft_mean_ms", "ttft_return_mean_ms"):
                     a, b = _mean(rows, workload, config, key), _mean(rows, workload, base, key)

@@ -13,7 +13,9 @@ Each worker measures its own step time (workers.timing_model) and publishes the 
     ttft     = prefill(queued + own) + k × dec + dec / 2     (each prefill step also decodes the running
                                                                requests; half a step already in progress)
     slowdown = R × (prefill(queued + own) − prefill(queued))  (the delay its prefill adds to each running decode)
-    evicted  = max(0, (prompt − overlap) − (K − max(C, busy) − queued_w))   cached blocks it pushes out
+    new      = prompt − device_overlap          blocks it allocates (a KV tier's onboarded ones included;
+                                                ``overlap`` is the credited run, tier blocks weighed by credit)
+    evicted  = max(0, new − (K − max(C, busy) − queued_w))   cached blocks it pushes out
                                                 (C: blocks holding cached content; the rest are free)
     cost     = ttft + slowdown_weight × slowdown + eviction_weight × evicted × B × p1
 

@@ -326,7 +326,9 @@ for i = 1, (T or SC) and n or 0 do
     if busy > 0 then dec = max(T[b + 4] + T[b + 5] * u + T[b + 6] * u * u, 0) end
     local ttft = total + k * dec + dec * 0.5
     local slowdown = T[b + 9] * (total - before)
-    local evicted = max(blocks - (T[b + 8] - max(T[b + 11], busy) - psum), 0)
+    -- Blocks onboarded from a KV tier take device room as computed ones do: both count as new blocks.
+    local new = prompt[chain] - (overlap[i] or 0)
+    local evicted = max(new - (T[b + 8] - max(T[b + 11], busy) - psum), 0)
     c = ttft + slowdown_weight * slowdown + eviction_weight * (evicted * bs * T[b + 2])
   else
     local sw = scale * weight

@@ -111,9 +111,11 @@ def _prefill(cols: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def time_costs(prompt: Sequence[int] | np.ndarray, overlap: Sequence[int] | np.ndarray,
                queued: Sequence[int] | np.ndarray, active: Sequence[int] | np.ndarray,
-               predicted: Sequence[int] | np.ndarray, cols: np.ndarray, weights: TimeWeights) -> np.ndarray:
+               predicted: Sequence[int] | np.ndarray, cols: np.ndarray, weights: TimeWeights,
+               device_overlap: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
     """The cost of each candidate (aligned arrays; ``queued``/``predicted``: the routers' in-flight
-    sums of queued prefill and decode blocks, ``active``: the heartbeat's blocks)."""
+    sums of queued prefill and decode blocks, ``active``: the heartbeat's blocks; ``overlap`` the
+    credited overlap and ``device_overlap`` the blocks the device holds, ``overlap`` when not given)."""
     bs = cols[:, 9]
     blocks = np.asarray(prompt, dtype=np.float64) - np.asarray(overlap, dtype=np.float64)
     own = np.maximum(blocks * bs, 1.0)
@@ -126,7 +128,9 @@ def time_costs(prompt: Sequence[int] | np.ndarray, overlap: Sequence[int] | np.n
     dec = np.where(busy > 0, np.maximum(cols[:, 3] + cols[:, 4] * u + cols[:, 5] * u * u, 0.0), 0.0)
     ttft = total + k * dec + dec * 0.5
     slowdown = cols[:, 8] * (total - before)
-    evicted = np.maximum(blocks - (cols[:, 7] - np.maximum(cols[:, 10], busy) - q_blocks), 0.0)
+    held = np.asarray(overlap if device_overlap is None else device_overlap, dtype=np.float64)
+    new = np.asarray(prompt, dtype=np.float64) - held  # onboarded tier blocks take device room too
+    evicted = np.maximum(new - (cols[:, 7] - np.maximum(cols[:, 10], busy) - q_blocks), 0.0)
     costs: np.ndarray = ttft + weights.slowdown * slowdown + weights.eviction * (evicted * bs * cols[:, 1])
     return costs
 

@@ -66,3 +66,14 @@ def test_on_a_full_cache_every_computed_block_evicts_one() -> None:
     plain = time_costs([100], [60], [0], [0], [0], full, NO_EXTRAS)[0]
     assert time_costs([100], [60], [0], [0], [0], full, weights)[0] == pytest.approx(plain + 40 * 16 * DEFAULT_TIMING[1])
     assert time_costs([100], [60], [0], [0], [0], roomy, weights)[0] == pytest.approx(plain)
+
+
+
+def test_blocks_onboarded_from_a_kv_tier_evict_as_computed_ones_do() -> None:
+    # 100 blocks, 60 on the device and 30 more in a tier (credited: 90), into a cache of 1,000 blocks
+    # all holding cached content: the 40 new blocks push 40 out, whether onboarded or computed.
+    full = timing_columns([None], [8192], [1000], [0], [16], [1000])
+    weights = TimeWeights(0.0, 1.0)
+    plain = time_costs([100], [90], [0], [0], [0], full, NO_EXTRAS, device_overlap=[60])[0]
+    assert time_costs([100], [90], [0], [0], [0], full, weights, device_overlap=[60])[0] == pytest.approx(
+        plain + 40 * 16 * DEFAULT_TIMING[1])
