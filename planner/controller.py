@@ -230,7 +230,8 @@ class Planner:
                 prefill_pool, decode_pool = (Pool.PREFILL, Pool.DECODE) if self.s.layout == "disagg" else (Pool.AGG,) * 2
                 corrections.set_models(*self.sla.model_factors(
                     forecaster.forecast(), states.get(PoolRef(model, prefill_pool)), states.get(PoolRef(model, decode_pool))))
-                self.sla.correct(corrections, sample, states, model, self.s.layout)
+                if self.s.correction:
+                    self.sla.correct(corrections, sample, states, model, self.s.layout)
             forecaster.observe(sample.rate, sample.isl, sample.osl)
         forecast = forecaster.forecast()
         predicted = Traffic(forecast.rate, forecast.isl, forecast.osl)

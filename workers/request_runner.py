@@ -127,7 +127,7 @@ class RequestRunner:
                         seq += 1
                     if prefill and out.kv_handle is not None:
                         await self.engine.release_transfer(req.request_id)
-                    self._send(req, TokenDelta(req.request_id, seq, worker_id=wid, error=failure))
+                    self._send(req, TokenDelta(req.request_id, seq, worker_id=wid, error=failure, usage=out.usage))
                     return
                 if prefill and out.kv_handle is not None:  # the request ends here: nothing will read the KV
                     await self.engine.release_transfer(req.request_id)
