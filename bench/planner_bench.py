@@ -84,6 +84,7 @@ class Config:
     utilization: float
     margin: float
     seed: int
+    correction: bool = True
 
 
 def worker_env(c: Config) -> dict[str, str]:
@@ -218,7 +219,7 @@ def planner_env(c: Config, layout: str, profile_path: Path, run_dir: Path) -> di
             "SLUICE_PLANNER__TTFT_S": str(c.ttft_s), "SLUICE_PLANNER__ITL_S": str(c.itl_s),
             "SLUICE_PLANNER__MIN_REPLICAS": str(c.min_replicas), "SLUICE_PLANNER__MAX_REPLICAS": str(c.max_replicas),
             "SLUICE_PLANNER__BUDGET": str(c.budget), "SLUICE_PLANNER__PREFILL_UTILIZATION": str(c.utilization),
-            "SLUICE_PLANNER__SLA_MARGIN": str(c.margin),
+            "SLUICE_PLANNER__SLA_MARGIN": str(c.margin), "SLUICE_PLANNER__CORRECTION": str(c.correction).lower(),
             "SLUICE_PLANNER__LOCAL_DIR": str(run_dir), "SLUICE_PLANNER__METRICS_PORT": "-1",
             "SLUICE_PLANNER__LOCK_TTL_S": str(max(3.0, c.step_s)),
             "SLUICE_PLANNER__WORKER_COMMAND": json.dumps([sys.executable, "-m", "sluice", "worker", "--log-level",
@@ -447,6 +448,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-at", type=int, default=16, help="step at which the agg planner is killed (-1: never)")
     p.add_argument("--profile", type=Path, default=None, help="a profile to use instead of measuring one")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--no-correction", action="store_true", help="the planner without its latency correction")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -455,7 +457,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     console = Console(width=180) if not Console().is_terminal else Console()
     c = Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
-               args.max_replicas, args.budget, args.utilization, args.margin, args.seed)
+               args.max_replicas, args.budget, args.utilization, args.margin, args.seed, not args.no_correction)
     tokenizer_dir = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
     work = Path(tempfile.mkdtemp(prefix="sluice-planner-bench-"))
     profile_path = args.profile or work / "profile.json"

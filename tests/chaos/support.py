@@ -21,13 +21,15 @@ MODEL = "smollm2"
 
 @contextmanager
 def own_stack(redis_url: str, tokenizer_dir: Path, workers: tuple[str, ...] = ("w1", "w2"),
-              frontend_env: dict[str, str] | None = None, **env: str) -> Iterator[Stack]:
-    """A mocker stack (timing model at speed 1) of its own namespace, stopped at the end."""
+              frontend_env: dict[str, str] | None = None, worker_env: dict[str, dict[str, str]] | None = None,
+              **env: str) -> Iterator[Stack]:
+    """A mocker stack (timing model at speed 1) of its own namespace, stopped at the end; ``worker_env``:
+    settings of some workers alone, by name."""
     s = Stack(redis_url=redis_url, namespace=f"chaos{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
               env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_ROUTER_MODE": "round_robin", **env})
     try:
         for name in workers:
-            s.start_worker(name)
+            s.start_worker(name, **(worker_env or {}).get(name, {}))
         s.start_frontend(**(frontend_env or {}))
         s.wait_ready(MODEL, workers=len(workers))
         yield s

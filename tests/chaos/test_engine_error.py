@@ -5,7 +5,6 @@ and with none left the client gets an OpenAI-shaped 502, never a short answer wi
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import orjson
 import pytest
 
 from bench.devstack import Stack, wait_until
-from tests.chaos.support import MODEL, migrations, running
+from tests.chaos.support import MODEL, migrations, own_stack, running
 
 FAILING = "please fail here"
 SCRIPT = [{"match": FAILING, "output": "Half an answer", "finish": "error"}]
@@ -25,16 +24,9 @@ def stack(redis_server, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFa
     """w1's engine fails every request whose prompt says FAILING; w2's serves it."""
     script = tmp_path_factory.mktemp("script") / "script.json"
     script.write_text(json.dumps(SCRIPT))
-    s = Stack(redis_url=redis_server.url, namespace=f"enger{uuid.uuid4().hex[:8]}", model_path=tokenizer_dir,
-              env_extra={"SLUICE_WORKER__MOCKER__SPEEDUP": "1", "SLUICE_ROUTER_MODE": "round_robin"})
-    try:
-        s.start_worker("w1", SLUICE_WORKER__MOCKER__SCRIPT=str(script))
-        s.start_worker("w2")
-        s.start_frontend()
-        s.wait_ready(MODEL, workers=2)
+    with own_stack(redis_server.url, tokenizer_dir,
+                   worker_env={"w1": {"SLUICE_WORKER__MOCKER__SCRIPT": str(script)}}) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def _body(stream: bool, max_tokens: int = 12) -> dict:
