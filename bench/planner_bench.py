@@ -84,7 +84,7 @@ class Config:
     utilization: float
     margin: float
     seed: int
-    correction: bool = True
+    correction: bool = False
 
 
 def worker_env(c: Config) -> dict[str, str]:
@@ -448,7 +448,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-at", type=int, default=16, help="step at which the agg planner is killed (-1: never)")
     p.add_argument("--profile", type=Path, default=None, help="a profile to use instead of measuring one")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--no-correction", action="store_true", help="the planner without its latency correction")
+    p.add_argument("--correction", action="store_true", help="the planner with its latency correction (off by default)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     console = Console(width=180) if not Console().is_terminal else Console()
     c = Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
-               args.max_replicas, args.budget, args.utilization, args.margin, args.seed, not args.no_correction)
+               args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction)
     tokenizer_dir = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
     work = Path(tempfile.mkdtemp(prefix="sluice-planner-bench-"))
     profile_path = args.profile or work / "profile.json"

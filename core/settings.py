@@ -361,10 +361,11 @@ class PlannerSettings(BaseModel):
     #: ``sla`` mode: the predicted rate is raised by this many standard deviations of an interval's Poisson
     #: arrivals (planner.modes.with_headroom), so that a busier than average interval meets the targets too.
     rate_headroom_z: float = Field(1.3, ge=0)
-    #: ``sla`` mode: fold each interval's observed over expected TTFT and ITL into the plan (the latency
-    #: correction; false, like Dynamo's ``--no-correction``: the profile scaled by the workers' own step
-    #: models alone).
-    correction: bool = True
+    #: ``sla`` mode: fold each interval's observed over expected TTFT and ITL into the plan (Dynamo's
+    #: correction factor). Off by default: the workers' own step models already scale the profile, and on
+    #: the bench's day the latency ratios of intervals of a few requests swung the plan both ways
+    #: (docs/planner.md, "The latency correction").
+    correction: bool = False
     throughput_thresholds: PlannerThresholds = PlannerThresholds()
     latency_thresholds: PlannerThresholds = PlannerThresholds(kv_high=0.6, kv_low=0.25, queue_high=0.5)
     load_thresholds: PlannerThresholds = PlannerThresholds()
