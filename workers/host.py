@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from core.keys import Keys
+from core.messages import ErrorInfo
 from core.redis_topology import RedisPlanes, RedisTopology
 from core.settings import Settings
 from core.task_requests import (
@@ -199,8 +200,10 @@ class EngineHost:
         if self.running.tasks:
             log.warning("worker %s drain deadline: moving %d running request(s) to other workers",
                         self.identity.worker_id, len(self.running.tasks))
+        stopped = ErrorInfo("worker_draining", f"worker {self.identity.worker_id} is shutting down; the request "
+                                               "continues elsewhere")
         for request_id in self.running.ids():
-            self.running.evicted.add(request_id)
+            self.running.stopped[request_id] = stopped
             await self.engine.abort(request_id)
 
     async def _go_live(self) -> None:
@@ -248,11 +251,12 @@ class EngineHost:
         if stale:
             log.warning("worker %s dropping %d of %d running request(s): this worker's lease lapsed, and their "
                         "frontends moved or ended them", self.identity.worker_id, len(stale), len(self.running.tasks))
+        lost = ErrorInfo("worker_lost", f"worker {self.identity.worker_id} lost its lease and stopped the request")
         for request_id in stale:
-            self.running.dropped[request_id] = f"worker {self.identity.worker_id} lost its lease and stopped the request"
+            self.running.stopped[request_id] = lost
             await self.engine.abort(request_id)
 
-    async def _drop_orphans(self, steady: bool = True) -> None:
+    async def _drop_orphans(self, steady: bool) -> None:
         """Abort the requests of frontends whose lease has been missing for ``frontend_grace_s``
         (the frontend died: nobody reads their tokens). One pipelined call for all of them. The grace
         counts from a ``steady`` heartbeat on: after a stall (this process's, Redis's, the machine's)
@@ -275,9 +279,10 @@ class EngineHost:
         orphans = [r for r, f in self.running.frontend_of.items() if f in gone]
         log.warning("worker %s dropping %d request(s) of gone frontend(s) %s", self.identity.worker_id,
                     len(orphans), ", ".join(sorted(gone)))
+        orphaned = ErrorInfo("worker_lost", f"worker {self.identity.worker_id} took the request's frontend for gone "
+                                            "(its lease lapsed) and stopped the request")
         for request_id in orphans:
-            self.running.dropped[request_id] = (f"worker {self.identity.worker_id} took the request's frontend for "
-                                                "gone (its lease lapsed) and stopped the request")
+            self.running.stopped[request_id] = orphaned
             await self.engine.abort(request_id)
 
     async def _publish_load_now(self) -> None:

@@ -159,16 +159,13 @@ class RequestRunner:
         (``stop``, ``length``) or the frontend's cancel: the worker draining or dropping it (the frontend
         moves it), its deadline, or an engine error (vLLM's ``FINISHED_ERROR``: a KV load, a grammar; the
         frontend moves it too). Never a normal finish: the client would get a short answer with 200."""
-        wid = self.identity.worker_id
-        if finish == "abort" and req.request_id in self.running.evicted:
-            return ErrorInfo("worker_draining", f"worker {wid} is shutting down; the request continues elsewhere")
-        if finish == "abort" and req.request_id in self.running.dropped:
-            return ErrorInfo("worker_lost", self.running.dropped[req.request_id])
+        if finish == "abort" and req.request_id in self.running.stopped:
+            return self.running.stopped[req.request_id]
         if finish == "abort" and time.time() >= req.deadline:
             return ErrorInfo("timeout", "the request's deadline passed while it ran")
         if finish == "error":
             log.warning("request %s: the engine ended it with an error", req.request_id)
-            return ErrorInfo("engine_error", f"worker {wid}'s engine ended the request with an error")
+            return ErrorInfo("engine_error", f"worker {self.identity.worker_id}'s engine ended the request with an error")
         return None
 
     def _engine_request(self, req: TaskRequest) -> EngineRequest:

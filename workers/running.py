@@ -8,6 +8,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from core.messages import ErrorInfo
+
 #: How many cancels for requests not (yet) running a worker remembers.
 EARLY_CANCELS_MAX = 4096
 
@@ -20,12 +22,10 @@ class RunningRequests:
     frontend_of: dict[str, str] = field(default_factory=dict)
     #: When each running request started (monotonic seconds).
     started_at: dict[str, float] = field(default_factory=dict)
-    #: Requests aborted at the drain deadline: they end with ``worker_draining`` (the frontend moves
-    #: them), not as finished.
-    evicted: set[str] = field(default_factory=set)
-    #: Requests this worker stopped on its own (its lease lapsed, their frontend's lease is gone), with why:
-    #: they end with ``worker_lost``, so a frontend that still reads them moves them on.
-    dropped: dict[str, str] = field(default_factory=dict)
+    #: Requests this worker stopped on its own, with the error each ends with instead of a finish: at the
+    #: drain deadline ``worker_draining``; its lease lapsed, or their frontend's lease is gone, ``worker_lost``
+    #: (a frontend that still reads them moves them on).
+    stopped: dict[str, ErrorInfo] = field(default_factory=dict)
     #: Cancels that came before their request's task (most recent last).
     early_cancels: OrderedDict[str, None] = field(default_factory=OrderedDict)
     #: Taking no new request (SIGTERM or the ``drain`` command).
@@ -59,5 +59,4 @@ class RunningRequests:
         self.tasks.pop(request_id, None)
         self.frontend_of.pop(request_id, None)
         self.started_at.pop(request_id, None)
-        self.evicted.discard(request_id)
-        self.dropped.pop(request_id, None)
+        self.stopped.pop(request_id, None)
