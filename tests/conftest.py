@@ -44,6 +44,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_RUN] = RunSnapshot.take(tag)
 
 
+#: The timeout of a vLLM test without its own: the first test of a module also pays its module fixture,
+#: which starts vLLM engines (2-4 minutes on a loaded 2-core machine, before the test's own requests).
+VLLM_TEST_TIMEOUT_S = 900
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """vLLM tests get :data:`VLLM_TEST_TIMEOUT_S` in place of the suite's 300 s, unless they set their own."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if a process it started still runs, or a /dev/shm entry it made is held by
