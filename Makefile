@@ -235,6 +235,7 @@ bench-kvbm: venv venv-vllm
 bench-planner: venv
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.planner_bench --step-s 8
+	$(BIN)/python -m bench.planner_bounds --step-s 8
 
 ## NVIDIA's aiperf against a private mocker stack (or SLUICE_BENCH_URL, a running stack such as
 ## `make run`): chat, streaming, the model's tokenizer directory, concurrency 1, 8 and 32 for 5 s

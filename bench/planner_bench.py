@@ -56,7 +56,7 @@ from bench.planner_trace import DAY, Arrival, Schedule, arrivals, attainment, fl
 from bench.sse_trace import stream_trace
 from core.keys import Keys
 from core.pools import Pool
-from core.settings import Settings
+from core.settings import PlannerSettings, Settings
 from planner.connectors.base import PoolRef
 from planner.connectors.local import STATE_FILE, LocalConnector
 from planner.decision import decode_decision
@@ -85,6 +85,8 @@ class Config:
     margin: float
     seed: int
     correction: bool = False
+    #: The sla mode's rate headroom (standard deviations of an interval's Poisson arrivals).
+    headroom_z: float = PlannerSettings().rate_headroom_z
 
 
 def worker_env(c: Config) -> dict[str, str]:
@@ -220,6 +222,7 @@ def planner_env(c: Config, layout: str, profile_path: Path, run_dir: Path) -> di
             "SLUICE_PLANNER__MIN_REPLICAS": str(c.min_replicas), "SLUICE_PLANNER__MAX_REPLICAS": str(c.max_replicas),
             "SLUICE_PLANNER__BUDGET": str(c.budget), "SLUICE_PLANNER__PREFILL_UTILIZATION": str(c.utilization),
             "SLUICE_PLANNER__SLA_MARGIN": str(c.margin), "SLUICE_PLANNER__CORRECTION": str(c.correction).lower(),
+            "SLUICE_PLANNER__RATE_HEADROOM_Z": str(c.headroom_z),
             "SLUICE_PLANNER__LOCAL_DIR": str(run_dir), "SLUICE_PLANNER__METRICS_PORT": "-1",
             "SLUICE_PLANNER__LOCK_TTL_S": str(max(3.0, c.step_s)),
             "SLUICE_PLANNER__WORKER_COMMAND": json.dumps([sys.executable, "-m", "sluice", "worker", "--log-level",
@@ -366,7 +369,7 @@ def summarize(c: Config, layout: str, fleet: str, record: RunRecord, notes: dict
         out["flaps_all"] = flaps(actions, 2, {t for t, _, _ in actions})
         out["decisions"] = [
             {"tick": d.tick, "kind": d.kind, "at": d.at,
-             "pools": {p.pool: [p.live, p.requested, p.target, p.action] for p in d.pools},
+             "pools": {p.pool: [p.live, p.requested, p.target, p.action, p.reason] for p in d.pools},
              "predicted": [(m.predicted.rate, m.predicted.isl, m.predicted.osl) if m.predicted else None
                            for m in d.models],
              "corrections": [(m.prefill_correction, m.decode_correction) for m in d.models]}
@@ -449,6 +452,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, default=None, help="a profile to use instead of measuring one")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--correction", action="store_true", help="the planner with its latency correction (off by default)")
+    p.add_argument("--headroom-z", type=float, default=PlannerSettings().rate_headroom_z,
+                   help="the sla mode's rate headroom (SLUICE_PLANNER__RATE_HEADROOM_Z)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -457,7 +462,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     console = Console(width=180) if not Console().is_terminal else Console()
     c = Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
-               args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction)
+               args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction,
+               args.headroom_z)
     tokenizer_dir = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
     work = Path(tempfile.mkdtemp(prefix="sluice-planner-bench-"))
     profile_path = args.profile or work / "profile.json"

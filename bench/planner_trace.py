@@ -20,7 +20,8 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from planner.modes import Corrections, Forecast, SlaPlanner
+from planner.modes import Corrections, Forecast, SlaPlanner, with_headroom
+from planner.scaling import PoolMemory, settle
 
 CHAT = (512, 128)
 LONG = (2000, 32)
@@ -91,11 +92,60 @@ class Schedule:
 
 def oracle(day: Sequence[Step], base_rate: float, sla: SlaPlanner, layout: str, lo: int, hi: int) -> Schedule:
     """The fewest workers per step the model says meet the targets, knowing each step's load."""
+    return sized(day, [base_rate * step.load for step in day], sla, layout, lo, hi, f"oracle-{layout}")
+
+
+def realized_rates(plan: Sequence[Arrival], steps: int, step_s: float) -> list[float]:
+    """Each step's arrivals per second, as they came (the Poisson draw, not the trace's mean)."""
+    counts = [0] * steps
+    for a in plan:
+        counts[a.step] += 1
+    return [n / step_s for n in counts]
+
+
+def sized(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout: str, lo: int, hi: int,
+          name: str) -> Schedule:
+    """The fewest workers per step the model says meet the targets at the given rate of each step."""
     replicas: dict[str, list[int]] = {}
-    for step in day:
-        for plan in sla.plan("m", layout, Forecast(base_rate * step.load, step.isl, step.osl), Corrections()):
+    for step, rate in zip(day, rates, strict=True):
+        for plan in sla.plan("m", layout, Forecast(rate, step.isl, step.osl), Corrections()):
             replicas.setdefault(plan.ref.pool.value, []).append(max(lo, min(hi, plan.replicas)))
-    return Schedule(f"oracle-{layout}", replicas)
+    return Schedule(name, replicas)
+
+
+def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout: str, lo: int, hi: int, *,
+           z: float, step_s: float, down_after: int, cooldown: int) -> Schedule:
+    """What a planner that sees only the past can do with the same model, with no start-up lag: step
+    ``i`` is sized on step ``i - 1``'s realized rate and shape (the ``constant`` predictor) raised by
+    ``z`` deviations of an interval's arrivals, through the same hysteresis (planner.scaling.settle;
+    ``down_after=1, cooldown=0`` is none). Step 0 is sized on its own rate."""
+    replicas: dict[str, list[int]] = {}
+    memory: dict[str, PoolMemory] = {}
+    for i, step in enumerate(day):
+        seen = day[i - 1] if i else step
+        rate = rates[i - 1] if i else rates[0]
+        f = with_headroom(Forecast(rate, seen.isl, seen.osl), z, step_s)
+        for plan in sla.plan("m", layout, f, Corrections()):
+            pool = plan.ref.pool.value
+            wanted = max(lo, min(hi, plan.replicas))
+            counts = replicas.setdefault(pool, [])
+            if not counts:
+                counts.append(wanted)
+                memory[pool] = PoolMemory(last_up=i)
+                continue
+            target, _ = settle(counts[-1], wanted, memory[pool], i, down_after, cooldown)
+            counts.append(target)
+    return Schedule(f"causal-{layout}-z{z:g}-{'h' if down_after > 1 or cooldown else 'nh'}", replicas)
+
+
+def short_share(schedule: Schedule, need: Schedule, plan: Sequence[Arrival]) -> float:
+    """Share of the requests that arrived in a step where some pool of ``schedule`` had fewer workers than
+    ``need`` says that step's load wanted."""
+    if not plan:
+        return 0.0
+    steps = len(next(iter(need.replicas.values())))
+    short = [any(schedule.replicas[p][i] < need.replicas[p][i] for p in need.replicas) for i in range(steps)]
+    return sum(1 for a in plan if short[a.step]) / len(plan)
 
 
 def static(schedule: Schedule, how: str) -> Schedule:
@@ -112,6 +162,16 @@ def attainment(rows: Iterable[dict], ttft_s: float, itl_s: float) -> float:
     rows = list(rows)
     met = sum(1 for r in rows if r["ok"] and r["ttft_s"] <= ttft_s and (r["itl_s"] is None or r["itl_s"] <= itl_s))
     return met / len(rows) if rows else 0.0
+
+
+def actions_of(schedule: Schedule) -> list[tuple[int, str, str]]:
+    """The scaling actions a schedule takes, as the bench counts a planner's: (interval, pool, up/down). The
+    planner's interval ``j`` (counted from 1) ends step ``j - 1`` and sizes step ``j``."""
+    out = []
+    for pool, counts in schedule.replicas.items():
+        out += [(j, pool, "up" if counts[j] > counts[j - 1] else "down") for j in range(1, len(counts))
+                if counts[j] != counts[j - 1]]
+    return sorted(out)
 
 
 def flaps(actions: Sequence[tuple[int, str, str]], within: int, steady: set[int]) -> int:

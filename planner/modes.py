@@ -60,7 +60,8 @@ def with_headroom(f: Forecast, z: float, interval_s: float) -> Forecast:
     """``f`` with its rate raised to the upper end of what the next interval may bring: arrivals are
     Poisson, so an interval of ``T`` seconds at rate ``r`` sees ``r +- sqrt(r / T)`` (one standard
     deviation); planning for ``r + z sqrt(r / T)`` leaves the intervals that bring more than the mean
-    within the targets too (z = 1.3: nine in ten). It matters for short intervals and low rates."""
+    within the targets too (z = 0.5: seven in ten; z = 1.3: nine in ten). It matters for short intervals
+    and low rates."""
     if f.rate <= 0 or z <= 0:
         return f
     return Forecast(f.rate + z * math.sqrt(f.rate / interval_s), f.isl, f.osl)

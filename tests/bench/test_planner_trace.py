@@ -1,0 +1,83 @@
+"""The planner bench's day and its offline sizings (bench.planner_trace), as pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.planner_trace import (
+    DAY,
+    Arrival,
+    Schedule,
+    Step,
+    actions_of,
+    arrivals,
+    causal,
+    flaps,
+    oracle,
+    realized_rates,
+    short_share,
+    sized,
+)
+from planner.modes import SlaPlanner
+from planner.profile import DecodePoint, PrefillPoint, Profile
+
+
+def sla() -> SlaPlanner:
+    profile = Profile(engine="mocker", model="m", kv_tokens=100_000, max_num_seqs=64,
+                      prefill=[PrefillPoint(isl=500, ttft_s=0.05), PrefillPoint(isl=2000, ttft_s=0.2)],
+                      decode=[DecodePoint(batch=1, context=500, itl_s=0.01), DecodePoint(batch=64, context=500, itl_s=0.2),
+                              DecodePoint(batch=1, context=2000, itl_s=0.02), DecodePoint(batch=64, context=2000, itl_s=0.4)])
+    return SlaPlanner(profile, 1.2, 0.08, 0.7)
+
+
+def test_arrivals_are_seeded_and_realized_rates_count_them() -> None:
+    plan = arrivals(DAY, 0.6, 8.0, seed=7)
+    assert plan == arrivals(DAY, 0.6, 8.0, seed=7) and plan != arrivals(DAY, 0.6, 8.0, seed=8)
+    rates = realized_rates(plan, len(DAY), 8.0)
+    assert sum(r * 8.0 for r in rates) == pytest.approx(len(plan))
+    assert all(a.step * 8.0 <= a.at_s < (a.step + 1) * 8.0 for a in plan)
+
+
+def test_the_oracle_sizes_each_step_on_its_trace_mean() -> None:
+    day = [Step(1.0, 512, 128), Step(8.0, 512, 128), Step(1.0, 512, 128)]
+    ref = oracle(day, 0.6, sla(), "agg", 1, 8)
+    assert ref.replicas == sized(day, [0.6, 4.8, 0.6], sla(), "agg", 1, 8, "x").replicas
+    assert ref.replicas["agg"][1] > ref.replicas["agg"][0] == ref.replicas["agg"][2]
+
+
+def test_causal_sizing_lags_one_step_and_its_hysteresis_shrinks_late() -> None:
+    day = [Step(1.0, 512, 128)] * 2 + [Step(8.0, 512, 128)] * 3 + [Step(1.0, 512, 128)] * 5
+    rates = [0.6 * s.load for s in day]
+    need = sized(day, rates, sla(), "agg", 1, 8, "need")
+    lagging = causal(day, rates, sla(), "agg", 1, 8, z=0.0, step_s=8.0, down_after=1, cooldown=0)
+    # No hysteresis, no headroom: step i has what step i - 1 needed.
+    assert lagging.replicas["agg"][1:] == need.replicas["agg"][:-1]
+    held = causal(day, rates, sla(), "agg", 1, 8, z=0.0, step_s=8.0, down_after=2, cooldown=2)
+    peak = max(need.replicas["agg"])
+    # It grows with the lag, then shrinks at the second interval that wants fewer: one interval later.
+    assert held.replicas["agg"][:6] == lagging.replicas["agg"][:6]
+    assert lagging.replicas["agg"][6] < peak == held.replicas["agg"][6] and held.replicas["agg"][7] < peak
+    assert held.worker_seconds(8.0) > lagging.worker_seconds(8.0)
+    # Headroom only adds workers.
+    raised = causal(day, rates, sla(), "agg", 1, 8, z=1.3, step_s=8.0, down_after=2, cooldown=2)
+    assert all(r >= h for r, h in zip(raised.replicas["agg"], held.replicas["agg"], strict=True))
+
+
+def test_short_share_counts_the_requests_of_steps_sized_below_the_need() -> None:
+    need = Schedule("need", {"prefill": [1, 1, 2], "decode": [1, 3, 3]})
+    have = Schedule("have", {"prefill": [1, 1, 1], "decode": [1, 2, 3]})
+    plan = [Arrival(0.0, 0, 1, 1), Arrival(1.0, 1, 1, 1), Arrival(2.0, 1, 1, 1), Arrival(3.0, 2, 1, 1)]
+    assert short_share(have, need, plan) == pytest.approx(3 / 4)
+    assert short_share(need, need, plan) == 0.0
+
+
+def test_flaps_count_reversals_within_the_window_on_steady_steps() -> None:
+    actions = [(3, "agg", "up"), (4, "agg", "down"), (9, "agg", "up"), (10, "decode", "down"), (11, "decode", "up")]
+    assert flaps(actions, 2, steady={4, 11}) == 2
+    assert flaps(actions, 2, steady={9}) == 0  # 9 is 5 intervals after 4
+
+
+def test_a_schedules_actions_are_numbered_as_the_planners_intervals() -> None:
+    s = Schedule("s", {"agg": [1, 2, 2, 1], "decode": [3, 3, 3, 3]})
+    # Interval 1 sizes step 1 (up to 2), interval 3 sizes step 3 (down to 1).
+    assert actions_of(s) == [(1, "agg", "up"), (3, "agg", "down")]
