@@ -52,7 +52,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.devstack import REPO, RedisServer, Stack, forget, stop_at_exit, with_parent_death_signal
-from bench.planner_trace import DAY, Arrival, Schedule, arrivals, attainment, flaps, oracle, static
+from bench.planner_trace import DAY, Arrival, Schedule, arrivals, attainment, flaps, oracle, static, steady_intervals
 from bench.sse_trace import stream_trace
 from core.keys import Keys
 from core.pools import Pool
@@ -363,7 +363,7 @@ def summarize(c: Config, layout: str, fleet: str, record: RunRecord, notes: dict
     decisions = notes.get("decisions") or []
     if decisions:
         actions = [(d.tick, p.pool, p.action) for d in decisions for p in d.pools if p.action != "hold"]
-        steady = {i + 1 for i, s in enumerate(DAY) if s.steady}  # the planner counts intervals from 1
+        steady = steady_intervals(DAY)
         out["scaling_actions"] = len(actions)
         out["flaps_steady"] = flaps(actions, 2, steady)
         out["flaps_all"] = flaps(actions, 2, {t for t, _, _ in actions})
@@ -458,12 +458,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def config_of(args: argparse.Namespace) -> Config:
+    return Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
+                  args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction,
+                  args.headroom_z)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     console = Console(width=180) if not Console().is_terminal else Console()
-    c = Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
-               args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction,
-               args.headroom_z)
+    c = config_of(args)
     tokenizer_dir = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)
     work = Path(tempfile.mkdtemp(prefix="sluice-planner-bench-"))
     profile_path = args.profile or work / "profile.json"

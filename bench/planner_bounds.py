@@ -32,8 +32,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.planner_bench import MODEL, Config, measure_profile
-from bench.planner_trace import DAY, actions_of, arrivals, causal, flaps, oracle, realized_rates, short_share, sized
+from bench.planner_bench import MODEL, Config, config_of, measure_profile, parser
+from bench.planner_trace import (
+    DAY,
+    actions_of,
+    arrivals,
+    causal,
+    flaps,
+    oracle,
+    realized_rates,
+    short_share,
+    sized,
+    steady_intervals,
+)
 from core.settings import Settings
 from planner.modes import SlaPlanner
 from planner.profile import Profile
@@ -50,7 +61,7 @@ def rows_for(c: Config, sla: SlaPlanner, layout: str, seeds: list[int]) -> list[
     """One row per sizing, means over ``seeds``."""
     ref = oracle(DAY, c.base_rate, sla, layout, c.min_replicas, c.max_replicas)
     ref_ws = ref.worker_seconds(c.step_s)
-    steady = {i + 1 for i, s in enumerate(DAY) if s.steady}  # as bench.planner_bench counts them
+    steady = steady_intervals(DAY)
     per: dict[str, list[tuple[float, float, int]]] = {}
     for seed in seeds:
         plan = arrivals(DAY, c.base_rate, c.step_s, seed)
@@ -80,8 +91,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--base-rate", type=float, default=0.6)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
-    # The bench's defaults (bench.planner_bench.parser), so that the figures describe its day.
-    c = Config(args.step_s, args.base_rate, 1.5, 0.1, 0.25, 1200, 1, 8, 12, 0.7, 0.8, 7)
+    # The bench's other settings at their defaults, so that the figures describe its day.
+    c = config_of(parser().parse_args(["--step-s", str(args.step_s), "--base-rate", str(args.base_rate)]))
     console = Console(width=140)
     if args.profile is None:
         tokenizer_dir = prepare_model(MODEL, Settings().models_dir, weights=False, progress=False)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from planner.modes import Corrections, Forecast, SlaPlanner, with_headroom
-from planner.scaling import PoolMemory, settle
+from planner.scaling import PoolMemory, bounded, settle
 
 CHAT = (512, 128)
 LONG = (2000, 32)
@@ -109,7 +109,7 @@ def sized(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout: 
     replicas: dict[str, list[int]] = {}
     for step, rate in zip(day, rates, strict=True):
         for plan in sla.plan("m", layout, Forecast(rate, step.isl, step.osl), Corrections()):
-            replicas.setdefault(plan.ref.pool.value, []).append(max(lo, min(hi, plan.replicas)))
+            replicas.setdefault(plan.ref.pool.value, []).append(bounded(plan.replicas, lo, hi))
     return Schedule(name, replicas)
 
 
@@ -127,7 +127,7 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
         f = with_headroom(Forecast(rate, seen.isl, seen.osl), z, step_s)
         for plan in sla.plan("m", layout, f, Corrections()):
             pool = plan.ref.pool.value
-            wanted = max(lo, min(hi, plan.replicas))
+            wanted = bounded(plan.replicas, lo, hi)
             counts = replicas.setdefault(pool, [])
             if not counts:
                 counts.append(wanted)
@@ -172,6 +172,11 @@ def actions_of(schedule: Schedule) -> list[tuple[int, str, str]]:
         out += [(j, pool, "up" if counts[j] > counts[j - 1] else "down") for j in range(1, len(counts))
                 if counts[j] != counts[j - 1]]
     return sorted(out)
+
+
+def steady_intervals(day: Sequence[Step]) -> set[int]:
+    """The planner's intervals (counted from 1) that end a steady step: where flaps are counted."""
+    return {i + 1 for i, s in enumerate(day) if s.steady}
 
 
 def flaps(actions: Sequence[tuple[int, str, str]], within: int, steady: set[int]) -> int:

@@ -200,11 +200,8 @@ class EngineHost:
         if self.running.tasks:
             log.warning("worker %s drain deadline: moving %d running request(s) to other workers",
                         self.identity.worker_id, len(self.running.tasks))
-        stopped = ErrorInfo("worker_draining", f"worker {self.identity.worker_id} is shutting down; the request "
-                                               "continues elsewhere")
-        for request_id in self.running.ids():
-            self.running.stopped[request_id] = stopped
-            await self.engine.abort(request_id)
+        await self._end_on_our_own(self.running.ids(), ErrorInfo(
+            "worker_draining", f"worker {self.identity.worker_id} is shutting down; the request continues elsewhere"))
 
     async def _go_live(self) -> None:
         self.record = await self.registry.register(self._make_record(), self._load(), self.settings.worker.lease_ttl_s)
@@ -251,10 +248,8 @@ class EngineHost:
         if stale:
             log.warning("worker %s dropping %d of %d running request(s): this worker's lease lapsed, and their "
                         "frontends moved or ended them", self.identity.worker_id, len(stale), len(self.running.tasks))
-        lost = ErrorInfo("worker_lost", f"worker {self.identity.worker_id} lost its lease and stopped the request")
-        for request_id in stale:
-            self.running.stopped[request_id] = lost
-            await self.engine.abort(request_id)
+        await self._end_on_our_own(stale, ErrorInfo(
+            "worker_lost", f"worker {self.identity.worker_id} lost its lease and stopped the request"))
 
     async def _drop_orphans(self, steady: bool) -> None:
         """Abort the requests of frontends whose lease has been missing for ``frontend_grace_s``
@@ -279,10 +274,14 @@ class EngineHost:
         orphans = [r for r, f in self.running.frontend_of.items() if f in gone]
         log.warning("worker %s dropping %d request(s) of gone frontend(s) %s", self.identity.worker_id,
                     len(orphans), ", ".join(sorted(gone)))
-        orphaned = ErrorInfo("worker_lost", f"worker {self.identity.worker_id} took the request's frontend for gone "
-                                            "(its lease lapsed) and stopped the request")
-        for request_id in orphans:
-            self.running.stopped[request_id] = orphaned
+        await self._end_on_our_own(orphans, ErrorInfo(
+            "worker_lost", f"worker {self.identity.worker_id} took the request's frontend for gone (its lease lapsed) "
+                           "and stopped the request"))
+
+    async def _end_on_our_own(self, request_ids: Sequence[str], error: ErrorInfo) -> None:
+        """Abort requests this worker ends on its own; each ends with ``error`` (workers/request_runner.py)."""
+        for request_id in request_ids:
+            self.running.stopped[request_id] = error
             await self.engine.abort(request_id)
 
     async def _publish_load_now(self) -> None:
