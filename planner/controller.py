@@ -49,7 +49,7 @@ from planner.observe import PoolState, TrafficMeter, TrafficSample, pool_states
 from planner.predictors import Predictor, PredictorKind, make_predictor
 from planner.profile import Profile
 from planner.prometheus import PrometheusError, PrometheusTraffic
-from planner.scaling import PoolMemory, bounded, fit_budget, grow_only, settle
+from planner.scaling import PoolMemory, bounded, fit_budget, floor_allowed, grow_only, settle
 from router.cluster import ClusterReader, ClusterSnapshot
 
 log = logging.getLogger("sluice.planner")
@@ -181,7 +181,7 @@ class Planner:
                 for key, (last_up, low) in state.memory.items():
                     ref = next((r for r in self.refs if str(r) == key), None)
                     if ref is not None:
-                        self.memory[ref] = PoolMemory(last_up, list(low))
+                        self.memory[ref] = PoolMemory(last_up, list(low), *state.shrunk.get(key, (-(10**9), 0)))
                 for model in self.models:
                     self.forecasters[model] = self._forecaster(state.history.get(model, []))
                     self.corrections[model] = Corrections(*state.corrections.get(model, ()))
@@ -254,11 +254,17 @@ class Planner:
         return view, [threshold_plan(states[r], self.thresholds) for r in refs]
 
     def _with_floor(self, plan: PoolPlan, state: PoolState, forecast: Forecast, c: Corrections) -> PoolPlan:
-        """``sla`` mode: never fewer workers than the load already on the pool needs (planner.modes)."""
+        """``sla`` mode: never fewer workers than the load already on the pool needs (planner.modes), except
+        within the cooldown after a shrink (planner.scaling.floor_allowed)."""
         assert self.sla is not None
         floor, why = self.sla.floor(state, forecast, c)
         if floor <= plan.replicas:
             return plan
+        memory = self.memory[plan.ref]
+        if not floor_allowed(memory, self.tick, self.s.cooldown_intervals, min(floor, self.s.max_replicas)):
+            return PoolPlan(plan.ref, plan.replicas, f"{plan.reason}; {why}: {floor} workers held (shrank from "
+                            f"{memory.shrunk_from} at interval {memory.last_down})", plan.expected_ttft_s,
+                            plan.expected_itl_s)
         return PoolPlan(plan.ref, floor, f"{why}: {floor} workers now ({plan.reason})", plan.expected_ttft_s,
                         plan.expected_itl_s)
 
@@ -314,6 +320,7 @@ class Planner:
         state = PlannerState(
             at=now, tick=self.tick,
             memory={str(r): (m.last_up, list(m.low)) for r, m in self.memory.items()},
+            shrunk={str(r): (m.last_down, m.shrunk_from) for r, m in self.memory.items() if m.shrunk_from},
             history={m: list(f.history) for m, f in self.forecasters.items()},
             corrections={m: (c.prefill, c.decode, c.prefill_model, c.decode_model) for m, c in self.corrections.items()})
         await self.redis.set(self.keys.planner_state, encode(state))

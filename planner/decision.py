@@ -72,6 +72,8 @@ class PlannerState(msgspec.Struct, omit_defaults=True):
     tick: int = 0
     #: ``model/pool`` -> [last interval it grew, the wishes of the latest intervals that wanted fewer].
     memory: dict[str, tuple[int, list[int]]] = msgspec.field(default_factory=dict)
+    #: ``model/pool`` -> [the last interval it shrank, the size it shrank from] (absent from an older state: none).
+    shrunk: dict[str, tuple[int, int]] = msgspec.field(default_factory=dict)
     #: model -> observations, oldest first, each [rate, isl or -1, osl or -1].
     history: dict[str, list[tuple[float, float, float]]] = msgspec.field(default_factory=dict)
     #: model -> its corrections: prefill, decode, prefill_model, decode_model (an older state: the first two).

@@ -5,6 +5,9 @@ functions (the controller keeps each pool's :class:`PoolMemory` across intervals
 * Hysteresis (:func:`settle`): a pool grows at once; it shrinks only after ``down_after`` intervals in a
   row that each wanted fewer workers, to the most of those wishes, and never within ``cooldown``
   intervals of growing. A steady load therefore never scales a pool up and down within two intervals.
+  The other way round, the ``sla`` mode's floor (the load already on a pool) does not grow a pool back to
+  the size it had within ``cooldown`` intervals of shrinking it, only past it (:func:`floor_allowed`); the
+  burst thresholds still do.
 * Budget (:func:`fit_budget`): when the pools together want more than the budget, each keeps its floor
   and what is left is shared in proportion to what each wanted above it (largest remainders).
 """
@@ -20,11 +23,13 @@ K = TypeVar("K")
 
 @dataclass(slots=True)
 class PoolMemory:
-    """What hysteresis remembers of one pool: when it last grew (interval number) and the latest run of
-    intervals that wanted fewer workers than it had."""
+    """What hysteresis remembers of one pool: when it last grew and shrank (interval numbers), the size
+    it last shrank from, and the latest run of intervals that wanted fewer workers than it had."""
 
     last_up: int = -(10**9)
     low: list[int] = field(default_factory=list)
+    last_down: int = -(10**9)
+    shrunk_from: int = 0
 
 
 def bounded(wanted: int, lo: int, hi: int) -> int:
@@ -49,7 +54,17 @@ def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_afte
         return requested, f"hold: grew {since} interval(s) ago (cooldown {cooldown})"
     target = max(memory.low)
     memory.low.clear()
+    memory.last_down, memory.shrunk_from = tick, requested
     return target, "down"
+
+
+def floor_allowed(memory: PoolMemory, tick: int, cooldown: int, floor: int) -> bool:
+    """Whether the load already on a pool may grow it to ``floor`` workers at interval ``tick``: within
+    ``cooldown`` intervals of a shrink (which hysteresis allowed after intervals that each wanted fewer),
+    only past the size it shrank from. The usage of the moment on one or two workers swings with a few
+    long requests; growing back on it is a flap, while a load that needs more than the pool had before
+    is a ramp (holding the floor whole within the cooldown lost one: docs/planner.md)."""
+    return floor > memory.shrunk_from or tick - memory.last_down > cooldown
 
 
 def grow_only(requested: int, wanted: int, memory: PoolMemory, tick: int) -> tuple[int, str]:

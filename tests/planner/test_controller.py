@@ -16,6 +16,7 @@ from core.settings import PlannerSettings
 from planner.connectors.base import PoolRef
 from planner.connectors.virtual import VirtualConnector
 from planner.controller import Planner
+from planner.profile import DecodePoint, PrefillPoint, Profile
 from planner.status import last_decisions, planner_json
 from router.frontends import FrontendRecord, FrontendRegistry, LoadCounters
 from router.registry import Registry, WorkerLoad, WorkerRecord
@@ -40,6 +41,14 @@ async def put_worker(redis: aioredis.Redis, keys: Keys, wid: str, *, usage: floa
                           kv_blocks=1000, max_num_seqs=64, context_length=4096, started_at=1.0)
     load = WorkerLoad(running=4, waiting=waiting, active_blocks=int(usage * 1000), total_blocks=1000, draining=draining)
     await Registry(redis, keys).register(record, load, ttl_s=60)
+
+
+def sla_profile() -> Profile:
+    """At context 1,050 an ITL of 0.05 s holds 39 streams: 0.41 of the KV (tests/planner/test_modes.py)."""
+    return Profile(engine="mocker", model=MODEL, kv_tokens=100_000, max_num_seqs=64,
+                   prefill=[PrefillPoint(isl=1000, ttft_s=0.1), PrefillPoint(isl=3000, ttft_s=0.5)],
+                   decode=[DecodePoint(batch=1, context=1000, itl_s=0.01), DecodePoint(batch=64, context=1000, itl_s=0.073),
+                           DecodePoint(batch=1, context=3000, itl_s=0.02), DecodePoint(batch=64, context=3000, itl_s=0.146)])
 
 
 def settings(**over: object) -> PlannerSettings:
@@ -89,6 +98,25 @@ async def test_the_fast_path_grows_on_a_burst_between_intervals(redis, namespace
     p = planner(redis, keys, burst_queue=4.0)
     decision = await p.step("fast")
     assert (decision.pools[0].action, decision.pools[0].target) == ("up", 3)  # 9 waiting, 4 a worker: 1 + 2
+
+
+async def test_the_sla_floor_grows_a_pool_on_the_load_there_but_not_back_just_after_a_shrink(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    await put_worker(redis, keys, "w0", usage=0.8)  # under the burst threshold (0.9), over the floor's 0.41
+    p = Planner(settings(mode="sla", itl_s=0.0625, ttft_s=1.0, cooldown_intervals=2), [MODEL], redis, keys,
+                VirtualConnector(redis, keys), profile=sla_profile())
+    p.forecasters[MODEL].observe(0.1, 1000, 100)  # a quiet interval: the plan from the rate is one worker
+    p.tick = 10
+    p.memory[AGG].last_down, p.memory[AGG].shrunk_from = 9, 2  # hysteresis shrank the pool 2 -> 1 one interval ago
+    held = await p.step("fast")
+    assert (held.pools[0].action, held.pools[0].target) == ("hold", 1)
+    assert "kv usage 0.80" in held.pools[0].reason and "2 workers held (shrank from 2 at interval 9)" in held.pools[0].reason
+    await put_worker(redis, keys, "w0", usage=0.85)  # 3 workers' worth: more than it had, so not a flap
+    p.s.max_replicas = 2  # ... unless the bounds keep it at the size it had
+    assert (await p.step("fast")).pools[0].action == "hold"
+    p.s.max_replicas = 6
+    past = await p.step("fast")
+    assert (past.pools[0].action, past.pools[0].target) == ("up", 3)
 
 
 async def test_the_budget_and_bounds_hold(redis, namespace) -> None:  # noqa: ANN001

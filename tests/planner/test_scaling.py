@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner.scaling import PoolMemory, bounded, fit_budget, grow_only, settle
+from planner.scaling import PoolMemory, bounded, fit_budget, floor_allowed, grow_only, settle
 
 
 def test_bounds() -> None:
@@ -35,6 +35,15 @@ def test_no_shrinking_within_the_cooldown_of_growing() -> None:
     assert settle(4, 2, m, tick=6, down_after=1, cooldown=2)[0] == 4
     assert settle(4, 2, m, tick=7, down_after=1, cooldown=2)[0] == 4
     assert settle(4, 2, m, tick=8, down_after=1, cooldown=2) == (2, "down")
+
+
+def test_the_floor_grows_a_pool_back_only_past_its_size_within_the_cooldown_of_shrinking_it() -> None:
+    m = PoolMemory()
+    assert floor_allowed(m, tick=1, cooldown=2, floor=2)
+    settle(4, 2, m, tick=5, down_after=1, cooldown=2)
+    assert (m.last_down, m.shrunk_from) == (5, 4)
+    assert [floor_allowed(m, tick=t, cooldown=2, floor=4) for t in (5, 6, 7, 8)] == [False, False, False, True]
+    assert floor_allowed(m, tick=6, cooldown=2, floor=5)  # more than it had: a ramp, not a flap
 
 
 def test_the_fast_path_only_grows() -> None:
