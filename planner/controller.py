@@ -181,7 +181,9 @@ class Planner:
                 for key, (last_up, low) in state.memory.items():
                     ref = next((r for r in self.refs if str(r) == key), None)
                     if ref is not None:
-                        self.memory[ref] = PoolMemory(last_up, list(low), *state.shrunk.get(key, (-(10**9), 0)))
+                        memory = self.memory[ref] = PoolMemory(last_up, list(low))
+                        if key in state.shrunk:
+                            memory.last_down, memory.shrunk_from = state.shrunk[key]
                 for model in self.models:
                     self.forecasters[model] = self._forecaster(state.history.get(model, []))
                     self.corrections[model] = Corrections(*state.corrections.get(model, ()))
@@ -255,13 +257,14 @@ class Planner:
 
     def _with_floor(self, plan: PoolPlan, state: PoolState, forecast: Forecast, c: Corrections) -> PoolPlan:
         """``sla`` mode: never fewer workers than the load already on the pool needs (planner.modes), except
-        within the cooldown after a shrink (planner.scaling.floor_allowed)."""
+        that within the cooldown after a shrink it only grows the pool past the size it shrank from
+        (planner.scaling.floor_allowed; the floor taken within the bounds, as the wish is in :meth:`_apply`)."""
         assert self.sla is not None
         floor, why = self.sla.floor(state, forecast, c)
         if floor <= plan.replicas:
             return plan
         memory = self.memory[plan.ref]
-        if not floor_allowed(memory, self.tick, self.s.cooldown_intervals, min(floor, self.s.max_replicas)):
+        if not floor_allowed(memory, self.tick, self.s.cooldown_intervals, bounded(floor, self.s.min_replicas, self.s.max_replicas)):
             return PoolPlan(plan.ref, plan.replicas, f"{plan.reason}; {why}: {floor} workers held (shrank from "
                             f"{memory.shrunk_from} at interval {memory.last_down})", plan.expected_ttft_s,
                             plan.expected_itl_s)

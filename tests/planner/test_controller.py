@@ -16,10 +16,10 @@ from core.settings import PlannerSettings
 from planner.connectors.base import PoolRef
 from planner.connectors.virtual import VirtualConnector
 from planner.controller import Planner
-from planner.profile import DecodePoint, PrefillPoint, Profile
 from planner.status import last_decisions, planner_json
 from router.frontends import FrontendRecord, FrontendRegistry, LoadCounters
 from router.registry import Registry, WorkerLoad, WorkerRecord
+from tests.planner.test_modes import profile as sla_profile
 
 MODEL = "m"
 AGG = PoolRef(MODEL, Pool.AGG)
@@ -41,14 +41,6 @@ async def put_worker(redis: aioredis.Redis, keys: Keys, wid: str, *, usage: floa
                           kv_blocks=1000, max_num_seqs=64, context_length=4096, started_at=1.0)
     load = WorkerLoad(running=4, waiting=waiting, active_blocks=int(usage * 1000), total_blocks=1000, draining=draining)
     await Registry(redis, keys).register(record, load, ttl_s=60)
-
-
-def sla_profile() -> Profile:
-    """At context 1,050 an ITL of 0.05 s holds 39 streams: 0.41 of the KV (tests/planner/test_modes.py)."""
-    return Profile(engine="mocker", model=MODEL, kv_tokens=100_000, max_num_seqs=64,
-                   prefill=[PrefillPoint(isl=1000, ttft_s=0.1), PrefillPoint(isl=3000, ttft_s=0.5)],
-                   decode=[DecodePoint(batch=1, context=1000, itl_s=0.01), DecodePoint(batch=64, context=1000, itl_s=0.073),
-                           DecodePoint(batch=1, context=3000, itl_s=0.02), DecodePoint(batch=64, context=3000, itl_s=0.146)])
 
 
 def settings(**over: object) -> PlannerSettings:
@@ -102,7 +94,7 @@ async def test_the_fast_path_grows_on_a_burst_between_intervals(redis, namespace
 
 async def test_the_sla_floor_grows_a_pool_on_the_load_there_but_not_back_just_after_a_shrink(redis, namespace) -> None:  # noqa: ANN001
     keys = Keys(namespace)
-    await put_worker(redis, keys, "w0", usage=0.8)  # under the burst threshold (0.9), over the floor's 0.41
+    await put_worker(redis, keys, "w0", usage=0.8)  # under the burst threshold (0.9), over the floor's 0.41 (test_modes)
     p = Planner(settings(mode="sla", itl_s=0.0625, ttft_s=1.0, cooldown_intervals=2), [MODEL], redis, keys,
                 VirtualConnector(redis, keys), profile=sla_profile())
     p.forecasters[MODEL].observe(0.1, 1000, 100)  # a quiet interval: the plan from the rate is one worker
@@ -214,3 +206,13 @@ async def test_every_predictor_kind_plans_from_the_observed_traffic(redis, names
     for rate in (1.0, 2.0, 3.0):
         forecaster.observe(rate, 100.0, 10.0)
     assert forecaster.forecast().rate > 0 and forecaster.forecast().isl > 0
+
+
+async def test_a_successor_resumes_each_pools_last_shrink(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    p = planner(redis, keys)
+    p.memory[AGG].last_down, p.memory[AGG].shrunk_from = 7, 3
+    await p._save_state(100.0)
+    successor = planner(redis, keys)
+    await successor.resume()
+    assert (successor.memory[AGG].last_down, successor.memory[AGG].shrunk_from) == (7, 3)
