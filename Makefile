@@ -221,7 +221,8 @@ bench-reliability: venv
 ## set is several times the fleet's KV, with tiers off / host / host+disk / host+disk+shared and the
 ## router's device-only cost (bench/results/kvbm.json); then vLLM on CPU (SmolLM2): the same tier configs
 ## on one worker, the shared tier stopped mid-run, a conversation moved to another worker, a restarted
-## worker's known prompt (bench/results/kvbm_vllm.json). About 30 minutes.
+## worker's known prompt, and offload's cost to decoding as pairs of fresh workers, tiers off and on, with
+## the tiers' own time in the engine's steps (bench/results/kvbm_vllm.json). About 50 minutes.
 bench-kvbm: venv venv-vllm
 	./scripts/ensure_redis.sh
 	$(BIN)/python -m bench.kvbm_bench

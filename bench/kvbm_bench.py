@@ -16,6 +16,8 @@ come back after think times long enough for other traffic to have evicted them. 
   credit buys;
 * ``all tiers, time cost``: the same tiers routed with the ``time`` cost (router.time_cost), device blocks
   alone credited, and ``all tiers, time cost, half credit``: that cost with half the tiers' credit;
+* ``host+disk, time cost`` and ``host+disk, time cost, half credit``: the same two routings with the local
+  tiers alone (no shared tier: only the worker that offloaded a block can onboard it);
 
 and the routing-quality workload of bench.router_quality (its defaults: a cache that holds the working
 set better) with all tiers, routed on device blocks alone and with half and full credit.
@@ -57,7 +59,8 @@ from workers.kvbm.tiers import KvTiers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIGS = ("off", "host", "host+disk", "host+disk+shared", "all tiers, half credit", "all tiers, full credit",
-           "all tiers, time cost", "all tiers, time cost, half credit")
+           "all tiers, time cost", "all tiers, time cost, half credit", "host+disk, time cost",
+           "host+disk, time cost, half credit")
 #: The routing of the rows that change it (RouterSettings fields); the others route as the deployment
 #: does (the block cost, device blocks alone credited).
 ROUTING: dict[str, dict[str, Any]] = {
@@ -65,6 +68,8 @@ ROUTING: dict[str, dict[str, Any]] = {
     "all tiers, full credit": {"tier_credit_scale": 1.0},
     "all tiers, time cost": {"cost": "time"},
     "all tiers, time cost, half credit": {"cost": "time", "tier_credit_scale": 0.5},
+    "host+disk, time cost": {"cost": "time"},
+    "host+disk, time cost, half credit": {"cost": "time", "tier_credit_scale": 0.5},
 }
 
 
@@ -72,7 +77,7 @@ def _tiers(name: str, kvbm: KvbmSettings) -> TierSetup | None:
     if name == "off":
         return None
     presets: dict[str, dict[str, Any]] = {"host": {"disk_bytes": 0, "redis_url": None}, "host+disk": {"redis_url": None}}
-    on = presets.get(name, {})
+    on = presets.get(name.split(",")[0], {})
     return TierSetup(kvbm.model_copy(update=on))
 
 
@@ -157,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
                                           system_tokens=1500, users_per_system=8, first_tokens=(1000, 6000),
                                           user_tokens=(50, 500), output_tokens=(100, 300), think_s=6.0)
                 for config in ("off", "host+disk+shared", "all tiers, half credit", "all tiers, full credit",
-                               "all tiers, time cost", "all tiers, time cost, half credit"):
+                               "all tiers, time cost", "all tiers, time cost, half credit", "host+disk, time cost",
+                               "host+disk, time cost, half credit"):
                     _fresh(server, Path(tmp))
                     r = simulate(server.url, "kv", quality, args.workers, quality_mocker, seed, _router(config),
                                  tiers=_tiers(config, qkvbm))
@@ -274,7 +280,7 @@ def _ratios(rows: list[dict]) -> dict[str, float]:
     cost``'s (the same with the time cost) (means over seeds)."""
     out: dict[str, float] = {}
     for workload in sorted({r["workload"] for r in rows}):
-        for base in ("off", "host+disk+shared", "all tiers, time cost"):
+        for base in ("off", "host+disk+shared", "all tiers, time cost", "host+disk, time cost"):
             for config in sorted({r["config"] for r in rows if r["workload"] == workload} - {base, "off"}):
                 for key in ("ttft_mean_ms", "ttft_return_mean_ms"):
                     a, b = _mean(rows, workload, config, key), _mean(rows, workload, base, key)

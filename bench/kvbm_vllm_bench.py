@@ -9,6 +9,9 @@ than the conversations it serves, so a conversation that comes back has been evi
   ``/v1/completions``. Per config: TTFT mean and p90 over all turns and over the return turns, the share of
   prompt tokens cached or onboarded (``usage.prompt_tokens_details.cached_tokens``), ITL p50, output
   tokens per second, errors.
+* **offload's cost to decoding**: ``--itl-pairs`` pairs of fresh workers, tiers off and every tier on,
+  alternating; the steady-decode ITL p50 of each (two streams decoding alone), the ratio per pair, their
+  mean and its 95% interval.
 * **the shared tier stopped mid-run**: the host+disk+shared config again with its Redis stopped after the
   first round of turns: every request must still succeed.
 * **cross-worker**: two workers; a conversation's first turn pinned to the first worker, which is then
@@ -37,11 +40,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
+from scipy.stats import t as student_t
 
-from bench.devstack import RedisServer, Stack, wait_until
+from bench.devstack import RedisServer, Stack, free_port, wait_until
 from bench.sse_trace import Trace, stream_trace
 from bench.stats import pct
 from core.settings import Settings
@@ -50,6 +56,8 @@ from workers.models.prepare import prepare_model
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2"
 START_TIMEOUT_S = 300
+#: How long after a round the worker's tier metrics have caught up (the engine asks for a report each second).
+TIER_REPORT_WAIT_S = 2.5
 #: Tokens drawn for prompts: ordinary ids of SmolLM2's vocabulary (no special tokens).
 VOCAB = (1000, 48_000)
 CONFIGS = ("off", "host", "host+disk", "host+disk+shared")
@@ -80,6 +88,25 @@ def _stack(model_dir: Path, args: argparse.Namespace, tier_env: dict[str, str], 
     finally:
         stack.stop()
         redis.stop()
+
+
+@contextmanager
+def _one_worker(model_dir: Path, args: argparse.Namespace, config: str, tmp: Path,
+                metrics_port: int = -1) -> Iterator[tuple[Stack, RedisServer | None]]:
+    """A stack with one ready worker whose tiers are ``config``'s (a fresh disk directory, and a shared
+    tier's own Redis where the config has one), and that Redis; the worker serves its metrics on
+    ``metrics_port`` (-1: none)."""
+    shared = RedisServer().start() if "shared" in config else None
+    disk = tmp / f"disk-{uuid.uuid4().hex[:6]}"
+    try:
+        with _stack(model_dir, args, _tier_env(config, disk, shared.url if shared else None, args),
+                    args.omp_threads) as stack:
+            stack.start_worker("w1", SLUICE_WORKER__METRICS_PORT=str(metrics_port))
+            stack.wait_ready(MODEL, 1, timeout=START_TIMEOUT_S)
+            yield stack, shared
+    finally:
+        if shared is not None:
+            shared.stop()
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -123,13 +150,13 @@ async def _multi_turn(stack: Stack, args: argparse.Namespace, seed: int,
     return rows
 
 
-async def _steady_decode(stack: Stack, args: argparse.Namespace) -> float:
+async def _steady_decode(stack: Stack, args: argparse.Namespace, rounds: int | None = None) -> float:
     """ITL p50 of decoding alone (no prefill beside it): two streams of short fresh prompts and long outputs,
     whose blocks are offloaded as they fill (with tiers on)."""
     rng = random.Random(args.seed + 3)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
         gaps: list[float] = []
-        for _ in range(args.steady_rounds):
+        for _ in range(args.steady_rounds if rounds is None else rounds):
             traces = await asyncio.gather(*(_turn(session, stack, _tokens(rng, 64), args.steady_tokens) for _ in range(2)))
             for t in traces:
                 times = t.token_times[4:]  # past the second stream's prefill, which may share the first steps
@@ -158,39 +185,76 @@ def _summary(config: str, rows: list[dict], wall_s: float) -> dict:
 
 def _run_config(model_dir: Path, args: argparse.Namespace, config: str, tmp: Path, console: Console,
                 stop_shared_mid_run: bool = False) -> dict:
-    shared = RedisServer().start() if "shared" in config else None
-    disk = tmp / f"disk-{uuid.uuid4().hex[:6]}"
-    try:
-        with _stack(model_dir, args, _tier_env(config, disk, shared.url if shared else None, args),
-                    args.omp_threads) as stack:
-            stack.start_worker("w1")
-            stack.wait_ready(MODEL, 1, timeout=START_TIMEOUT_S)
+    with _one_worker(model_dir, args, config, tmp) as (stack, shared):
 
-            async def run() -> tuple[list[dict], float]:
-                first_round = asyncio.Event()
-                stopper = None
-                if stop_shared_mid_run and shared is not None:
-                    async def stop() -> None:
-                        await first_round.wait()
-                        await asyncio.to_thread(shared.stop)
-                    stopper = asyncio.get_running_loop().create_task(stop())
-                t0 = time.perf_counter()
-                rows = await _multi_turn(stack, args, args.seed, first_round)
-                if stopper is not None:
-                    await stopper
-                return rows, time.perf_counter() - t0
+        async def run() -> tuple[list[dict], float]:
+            first_round = asyncio.Event()
+            stopper = None
+            if stop_shared_mid_run and shared is not None:
+                async def stop() -> None:
+                    await first_round.wait()
+                    await asyncio.to_thread(shared.stop)
+                stopper = asyncio.get_running_loop().create_task(stop())
+            t0 = time.perf_counter()
+            rows = await _multi_turn(stack, args, args.seed, first_round)
+            if stopper is not None:
+                await stopper
+            return rows, time.perf_counter() - t0
 
-            rows, wall = asyncio.run(run())
-            steady = asyncio.run(_steady_decode(stack, args))
-    finally:
-        if shared is not None:
-            shared.stop()
+        rows, wall = asyncio.run(run())
+        steady = asyncio.run(_steady_decode(stack, args))
     name = f"{config}, shared tier stopped mid-run" if stop_shared_mid_run else config
     out = _summary(name, rows, wall) | {"steady_itl_p50_ms": steady}
     console.print(f"{name:40s} TTFT mean {out['ttft_mean_ms']:.0f} ms, return turns {out['return_ttft_mean_ms']:.0f} ms, "
                   f"cached {out['cached_share']:.2f}, ITL p50 {out['itl_p50_ms']:.1f} ms (decode alone {steady:.1f}), "
                   f"{out['output_tokens_per_s']:.1f} tok/s, errors {out['errors']}")
     return out
+
+
+def _decode_itl_pairs(model_dir: Path, args: argparse.Namespace, tmp: Path, console: Console) -> dict[str, Any]:
+    """Offload's cost to decoding, paired: ``--itl-pairs`` pairs of fresh workers, one with tiers off and one
+    with every tier on (the order alternating, ABBA, so the machine's drift cancels), each measuring the
+    steady-decode ITL p50 after a warm-up round. Engines started at different times differ by more than the
+    5% the issue allows (47-54 ms for tiers off on one afternoon), so one run per config cannot show it;
+    the pairs' ratios, their mean and its 95% interval (Student's t) can."""
+    tiered = "host+disk+shared"
+    pairs: list[dict[str, float]] = []
+    shares: list[dict[str, float]] = []  # the tiered workers' connector time and offload CPU over decode time
+    for i in range(args.itl_pairs):
+        order = ("off", tiered) if i % 2 == 0 else (tiered, "off")
+        pair: dict[str, float] = {}
+        for config in order:
+            port = free_port()
+            with _one_worker(model_dir, args, config, tmp, metrics_port=port) as (stack, _shared):
+                asyncio.run(_steady_decode(stack, args, rounds=1))  # warm-up
+                before, t0 = _tier_cost_s(port), time.perf_counter()
+                pair[config] = asyncio.run(_steady_decode(stack, args))
+                wall = time.perf_counter() - t0
+                time.sleep(TIER_REPORT_WAIT_S)  # the worker's tier metrics are a report of up to a second ago
+                if config == tiered:
+                    cost = {k: v - before[k] for k, v in _tier_cost_s(port).items()}
+                    shares.append({k: v / wall for k, v in cost.items()})
+        pairs.append(pair)
+        console.print(f"decode ITL pair {i + 1}: off {pair['off']:.1f} ms, {tiered} {pair[tiered]:.1f} ms "
+                      f"({pair[tiered] / pair['off']:.3f}x); the tiers' time in the steps "
+                      f"{shares[-1]['step'] * 100:.2f}% of the decode, the offload thread's CPU "
+                      f"{shares[-1]['offload_cpu'] * 100:.2f}%")
+    ratios = [p[tiered] / p["off"] for p in pairs]
+    mean = float(np.mean(ratios))
+    half = (float(student_t.ppf(0.975, len(ratios) - 1) * np.std(ratios, ddof=1) / np.sqrt(len(ratios)))
+            if len(ratios) > 1 else float("nan"))
+    return {"config": tiered, "pairs": pairs, "ratios": ratios, "ratio_mean": mean, "ratio_ci95": [mean - half, mean + half],
+            "cost_shares": shares,
+            "cost_share_mean": {k: float(np.mean([x[k] for x in shares])) for k in ("step", "offload_cpu")}}
+
+
+def _tier_cost_s(port: int) -> dict[str, float]:
+    """The worker's KV tier cost counters (workers.kvbm.metrics): seconds in the engine's steps and CPU
+    seconds of the offload thread."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    values = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    return {"step": values.get("sluice_worker_kv_tier_step_seconds_total", 0.0),
+            "offload_cpu": values.get("sluice_worker_kv_tier_offload_cpu_seconds_total", 0.0)}
 
 
 def _cross_worker(model_dir: Path, args: argparse.Namespace, tmp: Path, console: Console) -> dict[str, Any]:
@@ -277,8 +341,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--omp-threads", type=int, default=2)
     ap.add_argument("--steady-tokens", type=int, default=160, help="output of each steady-decode stream")
     ap.add_argument("--steady-rounds", type=int, default=3)
+    ap.add_argument("--itl-pairs", type=int, default=4, help="pairs of fresh workers (tiers off, all tiers) for "
+                    "offload's cost to decoding; 0 skips")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["stopped", "cross-worker", "restart"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["stopped", "cross-worker", "restart", "multi-turn"])
     ap.add_argument("--out", type=Path, default=RESULTS / "kvbm_vllm.json")
     return ap
 
@@ -293,7 +359,8 @@ def _report(console: Console, runs: list[dict], cases: dict) -> dict[str, float 
         table.add_row(r["config"], str(r["requests"]), str(r["errors"]), f(r["ttft_mean_ms"]), f(r["ttft_p90_ms"]),
                       f(r["return_ttft_mean_ms"]), f(r["return_ttft_p90_ms"]), f(r["cached_share"], ".2f"),
                       f(r["itl_p50_ms"], ".1f"), f(r["steady_itl_p50_ms"], ".1f"), f(r["output_tokens_per_s"], ".1f"))
-    console.print(table)
+    if runs:
+        console.print(table)
     by = {r["config"]: r for r in runs}
     ratios: dict[str, float | None] = {}
     off = by.get("off")
@@ -301,14 +368,20 @@ def _report(console: Console, runs: list[dict], cases: dict) -> dict[str, float 
         if off and r is not off and off["return_ttft_mean_ms"] and r["return_ttft_mean_ms"] is not None:
             ratios[f"{r['config']} / off return-turn TTFT mean (target <= 0.4)"] = r["return_ttft_mean_ms"] / off["return_ttft_mean_ms"]
         if off and r is not off and off["steady_itl_p50_ms"] and r["steady_itl_p50_ms"] is not None:
-            ratios[f"{r['config']} / off steady decode ITL p50 (target <= 1.05)"] = \
+            ratios[f"{r['config']} / off steady decode ITL p50 (one run each)"] = \
                 r["steady_itl_p50_ms"] / off["steady_itl_p50_ms"]
+    if "decode_itl" in cases:
+        itl = cases["decode_itl"]
+        ratios[f"{itl['config']} / off decode ITL p50, mean of {len(itl['ratios'])} pairs (target <= 1.05)"] = itl["ratio_mean"]
+        ratios["  its 95% interval's upper end"] = itl["ratio_ci95"][1]
+        ratios["  the tiers' time in the engine's steps, share of decode time"] = itl["cost_share_mean"]["step"]
+        ratios["  the offload thread's CPU, share of decode time"] = itl["cost_share_mean"]["offload_cpu"]
     if "cross_worker" in cases:
         ratios["cross-worker shared tier / recompute TTFT (target <= 0.3)"] = cases["cross_worker"]["ratio"]
     if "restart" in cases:
         ratios["restarted from disk / cold TTFT (target <= 0.3)"] = cases["restart"]["ratio"]
     for name, value in ratios.items():
-        console.print(f"{name}: {'-' if value is None else f'{value:.2f}'}")
+        console.print(f"{name}: {'-' if value is None else f'{value:.3g}'}")
     return ratios
 
 
@@ -320,8 +393,11 @@ def main(argv: list[str] | None = None) -> dict:
     cases: dict = {}
     with tempfile.TemporaryDirectory(prefix="sluice-kvbm-vllm-") as tmp_name:
         tmp = Path(tmp_name)
-        for config in args.configs:
-            runs.append(_run_config(model_dir, args, config, tmp, console))
+        if "multi-turn" not in args.skip:
+            for config in args.configs:
+                runs.append(_run_config(model_dir, args, config, tmp, console))
+        if args.itl_pairs > 0:
+            cases["decode_itl"] = _decode_itl_pairs(model_dir, args, tmp, console)
         if "stopped" not in args.skip:
             runs.append(_run_config(model_dir, args, "host+disk+shared", tmp, console, stop_shared_mid_run=True))
         if "cross-worker" not in args.skip:

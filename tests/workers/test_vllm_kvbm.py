@@ -64,6 +64,7 @@ class Scenario:
     tier_events: list[BlockStored] = field(default_factory=list)
     stats_a: TierStats = field(default_factory=TierStats)
     stats_b: TierStats = field(default_factory=TierStats)
+    served_a_s: float = 0.0  # engine A's time serving the prompts, from the first to the stats' read
 
 
 def prompt(seed: int, n: int) -> list[int]:
@@ -107,6 +108,7 @@ async def scenario(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sc
     await a.start(log_a)
     held = ShmEntries.held_by_descendants()
     try:
+        start = time.monotonic()
         for name in ("P", "E", "C", "D"):
             s.cold[name] = await run(a, s.prompts[name])
         assert a.flush_tiers()
@@ -114,6 +116,7 @@ async def scenario(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sc
         await a.clear_kv_cache()
         s.again["P"] = await run(a, s.prompts["P"])
         s.stats_a = a.tier_stats()
+        s.served_a_s = time.monotonic() - start
         s.tier_events = [e for e in log_a.events if isinstance(e, BlockStored) and e.tier != "device"]
         assert a.flush_tiers()
     finally:
@@ -145,6 +148,15 @@ async def test_offload_puts_a_prompts_blocks_in_the_host_tier(scenario: Scenario
     assert set(blocks) <= set(scenario.host_after_cold)
     announced = {h for e in scenario.tier_events if e.tier == "host" for h in e.block_hashes}
     assert set(blocks) <= announced  # the router heard of them, as Sluice hashes
+
+
+async def test_the_tiers_count_what_they_cost_the_engine(scenario: Scenario) -> None:
+    stats = scenario.stats_a
+    assert stats.offloaded_bytes["host"] > 0
+    # Their time inside the steps (copies, onboard reads, planning) and the offload thread's CPU, both
+    # well under the time it took to serve the prompts.
+    assert 0 < stats.step_seconds < scenario.served_a_s / 2
+    assert 0 < stats.offload_cpu_seconds < scenario.served_a_s / 2
 
 
 async def test_onboard_from_host_gives_the_same_output(scenario: Scenario) -> None:

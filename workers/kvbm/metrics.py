@@ -45,6 +45,11 @@ class TierCollector(Collector):
         yield recomputes
         yield CounterMetricFamily("sluice_worker_kv_tier_offloads_dropped",
                                   "Blocks not offloaded because the offload queue was full", value=stats.offloads_dropped)
+        yield CounterMetricFamily("sluice_worker_kv_tier_step_seconds",
+                                  "Seconds the engine's steps spent in the KV tiers' connector (block copies, onboard "
+                                  "reads, planning)", value=stats.step_seconds)
+        yield CounterMetricFamily("sluice_worker_kv_tier_offload_cpu_seconds",
+                                  "CPU seconds of the KV tiers' offload thread", value=stats.offload_cpu_seconds)
         histogram = HistogramMetricFamily("sluice_worker_kv_tier_onboard_seconds",
                                           "Time of one onboard's reads from a tier", labels=["tier"])
         for tier in names:

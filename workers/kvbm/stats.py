@@ -1,5 +1,6 @@
 """What the tiers did, counted: per tier blocks held, hits, offloaded and onboarded bytes, onboard
-latencies, and recomputes by reason. Thread-safe; the worker's metrics read it (workers.metrics)."""
+latencies, recomputes by reason, and what they cost the engine (seconds inside its steps, CPU seconds of
+the offload thread). Thread-safe; the worker's metrics read it (workers.metrics)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ class TierStats:
     offloads_dropped: int = 0
     #: Per tier: (count, sum of seconds, count per bucket of ONBOARD_BUCKETS_S, +Inf last).
     onboard_seconds: dict[str, list[float]] = field(default_factory=dict)
+    #: Seconds the engine's steps spent in the tiers' connector (both of vLLM's sides: block copies,
+    #: onboard reads, the scheduler side's planning), on the step's critical path.
+    step_seconds: float = 0.0
+    #: CPU seconds of the offload thread (sealing and writing blocks), beside the engine's own threads.
+    offload_cpu_seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def hit(self, tier: str, blocks: int, nbytes: int) -> None:
@@ -53,12 +59,21 @@ class TierStats:
             else:
                 row[-1] += 1
 
+    def in_step(self, seconds: float) -> None:
+        with self._lock:
+            self.step_seconds += seconds
+
+    def offload_cpu(self, seconds: float) -> None:
+        with self._lock:
+            self.offload_cpu_seconds += seconds
+
     def snapshot(self) -> TierStats:
         """A copy of the counters as they are now (picklable: it crosses processes, workers.engines.vllm)."""
         with self._lock:
             return TierStats(Counter(self.hits), Counter(self.offloaded_bytes), Counter(self.onboarded_bytes),
                              Counter(self.recomputes), self.offloads_dropped,
-                             {t: list(row) for t, row in self.onboard_seconds.items()})
+                             {t: list(row) for t, row in self.onboard_seconds.items()}, self.step_seconds,
+                             self.offload_cpu_seconds)
 
     def __getstate__(self) -> dict[str, object]:
         return {k: v for k, v in vars(self).items() if k != "_lock"}

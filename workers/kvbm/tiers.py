@@ -172,11 +172,13 @@ class KvTiers:
                     stop = True
                 else:
                     batch.append(more)
+            cpu = time.thread_time()
             try:
                 self._write(batch)
             except Exception:  # noqa: BLE001 - an offload that fails costs a later recompute, never the engine
                 log.exception("KV offload failed")
             finally:
+                self.stats.offload_cpu(time.thread_time() - cpu)
                 for _ in range(len(batch) + (1 if stop else 0)):
                     self._pending.task_done()
             if stop:

@@ -17,6 +17,9 @@ this connector does the job with vLLM's connector interface (``KVConnectorBase_V
   run read are reported by ``get_block_ids_with_load_errors`` and vLLM (``kv_load_failure_policy=
   "recompute"``) computes them again from there; nothing that request computed in that step is offloaded
   (its KV attended to blocks that were not loaded).
+* Cost. The time both sides spend in their hooks is counted (``TierStats.step_seconds``; the scheduler
+  side's travels to the worker side with each step's metadata), and the offload thread's CPU time
+  (``offload_cpu_seconds``): what the worker's metrics show as the tiers' cost to the engine.
 * Tier events. The tiers' membership changes travel to the scheduler side with each step's worker
   metadata and leave as vLLM KV events whose ``medium`` is ``sluice:<tier>`` and whose block hashes are
   already Sluice's; workers.engines.vllm.kv_events passes them on with their tier.
@@ -107,6 +110,9 @@ class KvbmMeta(KVConnectorMetadata):
 
     loads: list[_Load] = field(default_factory=list)
     saves: list[_Save] = field(default_factory=list)
+    #: Seconds the scheduler side spent in the connector since the last step's metadata (counted by the
+    #: worker side, whose stats the worker's metrics read).
+    sched_seconds: float = 0.0
 
 
 @dataclass
@@ -292,6 +298,8 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
         self._requests: dict[str, _Request] = {}
         self._client: TierClient | None = None
         self._events: list[KVCacheEvent] = []
+        #: Seconds spent in the scheduler side's hooks since the last step's metadata.
+        self._sched_seconds = 0.0
         # Worker side.
         self.tiers: KvTiers | None = None
         self._server: _TierServer | None = None
@@ -316,15 +324,16 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
                  self.tiers.names if self.tiers else "off", scope, self._copier.block_bytes)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        start = time.perf_counter()
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvbmMeta)
-        if not meta.loads:
-            return
         for load in meta.loads:
             read_n = self._onboard(load)
             if read_n < len(load.block_ids):
                 self._load_errors.update(load.block_ids[read_n:])
                 self._failed_reqs.add(load.req_id)
+        if self.tiers is not None:
+            self.tiers.stats.in_step(meta.sched_seconds + time.perf_counter() - start)
 
     def _onboard(self, load: _Load) -> int:
         if self.tiers is None or self._copier is None:
@@ -349,6 +358,7 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
         return  # saved whole in wait_for_save, once every layer is written
 
     def wait_for_save(self) -> None:
+        start = time.perf_counter()
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvbmMeta)
         failed, self._failed_reqs = self._failed_reqs, set()
@@ -363,6 +373,7 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
                           for b, h, up in zip(save.block_ids, save.hashes, parents, strict=True))
         if blocks:
             self.tiers.offload(blocks)
+        self.tiers.stats.in_step(time.perf_counter() - start)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -371,7 +382,9 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
     def build_connector_worker_meta(self) -> KvbmWorkerMeta | None:
         if self.tiers is None:
             return None
+        start = time.perf_counter()
         events = [(e.tier, e.stored, list(e.block_hashes)) for e in self.tiers.take_events()]
+        self.tiers.stats.in_step(time.perf_counter() - start)
         return KvbmWorkerMeta(events) if events else None
 
     def shutdown(self) -> None:
@@ -402,6 +415,13 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
         return state.hashes[:n_blocks]
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        start = time.perf_counter()
+        try:
+            return self._matched(request, num_computed_tokens)
+        finally:
+            self._sched_seconds += time.perf_counter() - start
+
+    def _matched(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         state = self._state(request)
         if state is None or self._client is None:
             return 0, False
@@ -429,6 +449,7 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
         state.load = (first, num_external_tokens // self.block_size)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvbmMeta:
+        start = time.perf_counter()
         meta = KvbmMeta()
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
@@ -437,6 +458,7 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
         for i, req_id in enumerate(cached.req_ids):
             resumed = req_id in cached.resumed_req_ids
             self._plan(meta, req_id, None, cached.num_computed_tokens[i], scheduled[req_id], resumed)
+        meta.sched_seconds, self._sched_seconds = self._sched_seconds + time.perf_counter() - start, 0.0
         return meta
 
     def _plan(self, meta: KvbmMeta, req_id: str, block_ids: list[int] | None, computed: int, scheduled: int,
@@ -472,6 +494,7 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
         meta = connector_output.kv_connector_worker_meta
         if not isinstance(meta, KvbmWorkerMeta):
             return
+        start = time.perf_counter()
         for tier, stored, hashes in meta.events:
             medium = MEDIUM_PREFIX + tier
             if stored:
@@ -480,6 +503,7 @@ class SluiceKvbmConnector(KVConnectorBase_V1):
                                                 lora_name=None))
             else:
                 self._events.append(BlockRemoved(block_hashes=hashes, medium=medium))
+        self._sched_seconds += time.perf_counter() - start
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         events, self._events = self._events, []
