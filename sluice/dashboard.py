@@ -128,6 +128,12 @@ ROWS: tuple[Row, ...] = (
         ), "short", "Blocks per second a tier should have given and that were recomputed: corrupt (failed "
                     "its checksum), timeout (slower than SLUICE_KVBM__TIMEOUT_MS), down (the shared tier did "
                     "not answer); and blocks not offloaded because the offload queue was full"),
+        Panel("What the tiers cost the engine", (
+            Query(f"sum by (worker) (rate(sluice_worker_kv_tier_step_seconds_total[{RATE}]))", "in its steps {{worker}}"),
+            Query(f"sum by (worker) (rate(sluice_worker_kv_tier_offload_cpu_seconds_total[{RATE}]))",
+                  "offload CPU {{worker}}"),
+        ), "percentunit", "Share of each worker's time its engine's steps spent in the KV tiers' connector (block "
+                          "copies, onboard reads, planning), and the offload thread's CPU beside them"),
     )),
     Row("Planner", (
         Panel("Replicas per pool", (
