@@ -40,14 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 from scipy.stats import t as student_t
 
 from bench.devstack import RedisServer, Stack, free_port, wait_until
+from bench.reliability.stack import counter
 from bench.sse_trace import Trace, stream_trace
 from bench.stats import pct
 from core.settings import Settings
@@ -92,16 +91,17 @@ def _stack(model_dir: Path, args: argparse.Namespace, tier_env: dict[str, str], 
 
 @contextmanager
 def _one_worker(model_dir: Path, args: argparse.Namespace, config: str, tmp: Path,
-                metrics_port: int = -1) -> Iterator[tuple[Stack, RedisServer | None]]:
+                metrics_port: int | None = None) -> Iterator[tuple[Stack, RedisServer | None]]:
     """A stack with one ready worker whose tiers are ``config``'s (a fresh disk directory, and a shared
     tier's own Redis where the config has one), and that Redis; the worker serves its metrics on
-    ``metrics_port`` (-1: none)."""
+    ``metrics_port`` (None: its settings' default)."""
     shared = RedisServer().start() if "shared" in config else None
     disk = tmp / f"disk-{uuid.uuid4().hex[:6]}"
     try:
         with _stack(model_dir, args, _tier_env(config, disk, shared.url if shared else None, args),
                     args.omp_threads) as stack:
-            stack.start_worker("w1", SLUICE_WORKER__METRICS_PORT=str(metrics_port))
+            port = {} if metrics_port is None else {"SLUICE_WORKER__METRICS_PORT": str(metrics_port)}
+            stack.start_worker("w1", **port)
             stack.wait_ready(MODEL, 1, timeout=START_TIMEOUT_S)
             yield stack, shared
     finally:
@@ -215,8 +215,9 @@ def _decode_itl_pairs(model_dir: Path, args: argparse.Namespace, tmp: Path, cons
     """Offload's cost to decoding, paired: ``--itl-pairs`` pairs of fresh workers, one with tiers off and one
     with every tier on (the order alternating, ABBA, so the machine's drift cancels), each measuring the
     steady-decode ITL p50 after a warm-up round. Engines started at different times differ by more than the
-    5% the issue allows (47-54 ms for tiers off on one afternoon), so one run per config cannot show it;
-    the pairs' ratios, their mean and its 95% interval (Student's t) can."""
+    5% the issue allows (44-56 ms for tiers off on one night), so one run per config cannot show it; the
+    pairs' ratios, their mean and its 95% interval (Student's t) can, and the tiered worker's own counts of
+    the tiers' time in its steps and of the offload thread's CPU (docs/kvbm.md) bound it directly."""
     tiered = "host+disk+shared"
     pairs: list[dict[str, float]] = []
     shares: list[dict[str, float]] = []  # the tiered workers' connector time and offload CPU over decode time
@@ -224,14 +225,14 @@ def _decode_itl_pairs(model_dir: Path, args: argparse.Namespace, tmp: Path, cons
         order = ("off", tiered) if i % 2 == 0 else (tiered, "off")
         pair: dict[str, float] = {}
         for config in order:
-            port = free_port()
+            port = free_port() if config == tiered else None
             with _one_worker(model_dir, args, config, tmp, metrics_port=port) as (stack, _shared):
                 asyncio.run(_steady_decode(stack, args, rounds=1))  # warm-up
-                before, t0 = _tier_cost_s(port), time.perf_counter()
+                before, t0 = (_tier_cost_s(port) if port is not None else {}), time.perf_counter()
                 pair[config] = asyncio.run(_steady_decode(stack, args))
                 wall = time.perf_counter() - t0
-                time.sleep(TIER_REPORT_WAIT_S)  # the worker's tier metrics are a report of up to a second ago
-                if config == tiered:
+                if port is not None:
+                    time.sleep(TIER_REPORT_WAIT_S)  # the worker's tier metrics are a report of up to a second ago
                     cost = {k: v - before[k] for k, v in _tier_cost_s(port).items()}
                     shares.append({k: v / wall for k, v in cost.items()})
         pairs.append(pair)
@@ -251,10 +252,9 @@ def _decode_itl_pairs(model_dir: Path, args: argparse.Namespace, tmp: Path, cons
 def _tier_cost_s(port: int) -> dict[str, float]:
     """The worker's KV tier cost counters (workers.kvbm.metrics): seconds in the engine's steps and CPU
     seconds of the offload thread."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    values = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
-    return {"step": values.get("sluice_worker_kv_tier_step_seconds_total", 0.0),
-            "offload_cpu": values.get("sluice_worker_kv_tier_offload_cpu_seconds_total", 0.0)}
+    url = f"http://127.0.0.1:{port}"
+    return {"step": counter(url, "sluice_worker_kv_tier_step_seconds_total"),
+            "offload_cpu": counter(url, "sluice_worker_kv_tier_offload_cpu_seconds_total")}
 
 
 def _cross_worker(model_dir: Path, args: argparse.Namespace, tmp: Path, console: Console) -> dict[str, Any]:
