@@ -22,8 +22,9 @@ day of bench.planner_trace (one planner interval per step; ``--step-s`` real sec
 The profile both the planner and the oracle read is measured first with ``sluice profile`` on the same
 mocker settings. Reported per run: SLA attainment (requests with TTFT and mean ITL within the targets),
 worker-seconds (live workers sampled every second, draining ones included), scaling actions, streams
-lost (a stream that got tokens and then failed) and every error, flapping (a pool scaled up and down
-within two intervals in a steady phase), and the planner's own CPU.
+lost (a stream that got tokens and then failed) and every error, flapping (a pool scaled one way and
+back within two intervals of time, the second action answering a steady step: bench.planner_trace
+.action_times and .flaps), and the planner's own CPU.
 """
 
 from __future__ import annotations
@@ -52,7 +53,18 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.devstack import REPO, RedisServer, Stack, forget, stop_at_exit, with_parent_death_signal
-from bench.planner_trace import DAY, Arrival, Schedule, arrivals, attainment, flaps, oracle, static, steady_intervals
+from bench.planner_trace import (
+    DAY,
+    Arrival,
+    Schedule,
+    action_times,
+    arrivals,
+    attainment,
+    flaps,
+    oracle,
+    static,
+    steady_intervals,
+)
 from bench.sse_trace import stream_trace
 from core.keys import Keys
 from core.pools import Pool
@@ -87,6 +99,8 @@ class Config:
     correction: bool = False
     #: The sla mode's rate headroom (standard deviations of an interval's Poisson arrivals).
     headroom_z: float = PlannerSettings().rate_headroom_z
+    #: The sla mode's sure shrink (standard deviations above the observed rate; 0: off).
+    sure_shrink_z: float = PlannerSettings().sure_shrink_z
 
 
 def worker_env(c: Config) -> dict[str, str]:
@@ -222,7 +236,7 @@ def planner_env(c: Config, layout: str, profile_path: Path, run_dir: Path) -> di
             "SLUICE_PLANNER__MIN_REPLICAS": str(c.min_replicas), "SLUICE_PLANNER__MAX_REPLICAS": str(c.max_replicas),
             "SLUICE_PLANNER__BUDGET": str(c.budget), "SLUICE_PLANNER__PREFILL_UTILIZATION": str(c.utilization),
             "SLUICE_PLANNER__SLA_MARGIN": str(c.margin), "SLUICE_PLANNER__CORRECTION": str(c.correction).lower(),
-            "SLUICE_PLANNER__RATE_HEADROOM_Z": str(c.headroom_z),
+            "SLUICE_PLANNER__RATE_HEADROOM_Z": str(c.headroom_z), "SLUICE_PLANNER__SURE_SHRINK_Z": str(c.sure_shrink_z),
             "SLUICE_PLANNER__LOCAL_DIR": str(run_dir), "SLUICE_PLANNER__METRICS_PORT": "-1",
             "SLUICE_PLANNER__LOCK_TTL_S": str(max(3.0, c.step_s)),
             "SLUICE_PLANNER__WORKER_COMMAND": json.dumps([sys.executable, "-m", "sluice", "worker", "--log-level",
@@ -362,7 +376,9 @@ def summarize(c: Config, layout: str, fleet: str, record: RunRecord, notes: dict
                                 r["itl_s"] and round(r["itl_s"], 4)] for r in rows]
     decisions = notes.get("decisions") or []
     if decisions:
-        actions = [(d.tick, p.pool, p.action) for d in decisions for p in d.pools if p.action != "hold"]
+        times = action_times([(d.tick, d.kind, d.at) for d in decisions], c.step_s)
+        actions = [(when, p.pool, p.action) for d, when in zip(decisions, times, strict=True) for p in d.pools
+                   if p.action != "hold"]
         steady = steady_intervals(DAY)
         out["scaling_actions"] = len(actions)
         out["flaps_steady"] = flaps(actions, 2, steady)
@@ -454,6 +470,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--correction", action="store_true", help="the planner with its latency correction (off by default)")
     p.add_argument("--headroom-z", type=float, default=PlannerSettings().rate_headroom_z,
                    help="the sla mode's rate headroom (SLUICE_PLANNER__RATE_HEADROOM_Z)")
+    p.add_argument("--sure-shrink-z", type=float, default=PlannerSettings().sure_shrink_z,
+                   help="the sla mode's sure shrink (SLUICE_PLANNER__SURE_SHRINK_Z; 0: off)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -461,7 +479,7 @@ def parser() -> argparse.ArgumentParser:
 def config_of(args: argparse.Namespace) -> Config:
     return Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
                   args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction,
-                  args.headroom_z)
+                  args.headroom_z, args.sure_shrink_z)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -20,7 +20,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from planner.modes import Corrections, Forecast, SlaPlanner, with_headroom
+from planner.modes import Corrections, Forecast, SlaPlanner, rate_fell, upper_forecast, with_headroom
 from planner.scaling import PoolMemory, bounded, settle
 
 CHAT = (512, 128)
@@ -114,17 +114,21 @@ def sized(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout: 
 
 
 def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout: str, lo: int, hi: int, *,
-           z: float, step_s: float, down_after: int, cooldown: int) -> Schedule:
+           z: float, step_s: float, down_after: int, cooldown: int, sure_z: float = 0.0) -> Schedule:
     """What a planner that sees only the past can do with the same model, with no start-up lag: step
     ``i`` is sized on step ``i - 1``'s realized rate and shape (the ``constant`` predictor) raised by
     ``z`` deviations of an interval's arrivals, through the same hysteresis (planner.scaling.settle;
-    ``down_after=1, cooldown=0`` is none). Step 0 is sized on its own rate."""
+    ``down_after=1, cooldown=0`` is none), with the sure shrink at ``sure_z`` deviations (0: none; it needs
+    the step before the last to compare with). Step 0 is sized on its own rate."""
     replicas: dict[str, list[int]] = {}
     memory: dict[str, PoolMemory] = {}
     for i, step in enumerate(day):
         seen = day[i - 1] if i else step
         rate = rates[i - 1] if i else rates[0]
         f = with_headroom(Forecast(rate, seen.isl, seen.osl), z, step_s)
+        upper = upper_forecast(Forecast(rate, seen.isl, seen.osl), sure_z, step_s)
+        fell = sure_z > 0 and i >= 2 and rate_fell(rates[i - 2], rate, sure_z, step_s)
+        sure = {p.ref.pool.value: p.replicas for p in sla.plan("m", layout, upper, Corrections())} if fell else {}
         for plan in sla.plan("m", layout, f, Corrections()):
             pool = plan.ref.pool.value
             wanted = bounded(plan.replicas, lo, hi)
@@ -133,9 +137,11 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
                 counts.append(wanted)
                 memory[pool] = PoolMemory(last_up=i)
                 continue
-            target, _ = settle(counts[-1], wanted, memory[pool], i, down_after, cooldown)
+            target, _ = settle(counts[-1], wanted, memory[pool], i, down_after, cooldown,
+                               bounded(sure[pool], lo, hi) if pool in sure else None)
             counts.append(target)
-    return Schedule(f"causal-{layout}-z{z:g}-{'h' if down_after > 1 or cooldown else 'nh'}", replicas)
+    return Schedule(f"causal-{layout}-z{z:g}-{'h' if down_after > 1 or cooldown else 'nh'}"
+                    f"{f'-sure{sure_z:g}' if sure_z else ''}", replicas)
 
 
 def short_share(schedule: Schedule, need: Schedule, plan: Sequence[Arrival]) -> float:
@@ -174,19 +180,33 @@ def actions_of(schedule: Schedule) -> list[tuple[int, str, str]]:
     return sorted(out)
 
 
+def action_times(decisions: Sequence[tuple[int, str, float]], step_s: float) -> list[float]:
+    """When each of a planner's decisions was taken, in intervals of the day, from (tick, kind, at):
+    an interval decision at its tick ``j`` (it ends interval ``j`` and answers step ``j - 1``); a fast one
+    at ``j`` plus the time since tick ``j``'s interval decision (between ticks ``j`` and ``j + 1`` it
+    answers step ``j``, the one under way). Tick 0's fast decisions, before the first interval, count from
+    one interval before tick 1."""
+    tick_at = {tick: at for tick, kind, at in decisions if kind == "interval"}
+    if 1 in tick_at:
+        tick_at.setdefault(0, tick_at[1] - step_s)
+    return [float(tick) if kind == "interval" or tick not in tick_at else tick + (at - tick_at[tick]) / step_s
+            for tick, kind, at in decisions]
+
+
 def steady_intervals(day: Sequence[Step]) -> set[int]:
     """The planner's intervals (counted from 1) that end a steady step: where flaps are counted."""
     return {i + 1 for i, s in enumerate(day) if s.steady}
 
 
-def flaps(actions: Sequence[tuple[int, str, str]], within: int, steady: set[int]) -> int:
-    """Pools scaled one way and then the other within ``within`` intervals, in steady steps.
-    ``actions``: (interval, pool, "up"/"down") in order."""
+def flaps(actions: Sequence[tuple[float, str, str]], within: float, steady: set[int]) -> int:
+    """Pools scaled one way and then the other within ``within`` intervals, the second answering a steady
+    step. ``actions``: (when, pool, "up"/"down") in order, ``when`` in intervals (:func:`action_times`;
+    an action at ``when`` answers the step interval ``ceil(when)`` ends)."""
     count = 0
-    last: dict[str, tuple[int, str]] = {}
-    for tick, pool, direction in actions:
+    last: dict[str, tuple[float, str]] = {}
+    for when, pool, direction in actions:
         prev = last.get(pool)
-        if prev is not None and prev[1] != direction and tick - prev[0] <= within and tick in steady:
+        if prev is not None and prev[1] != direction and when - prev[0] <= within and math.ceil(when) in steady:
             count += 1
-        last[pool] = (tick, direction)
+        last[pool] = (when, direction)
     return count

@@ -360,9 +360,15 @@ class PlannerSettings(BaseModel):
     sla_margin: float = Field(0.8, gt=0, le=1)
     #: ``sla`` mode: the predicted rate is raised by this many standard deviations of an interval's Poisson
     #: arrivals (planner.modes.with_headroom), so that a busier than average interval meets the targets too.
-    #: On the bench's day 0, 0.5 and 1.3 all met the targets (98-100% of requests); 1.3 cost 0.08-0.11x
-    #: the oracle's worker-seconds more than 0.5 (docs/planner.md, "The rate headroom").
-    rate_headroom_z: float = Field(0.5, ge=0)
+    #: On the bench's day 0, 0.5 and 1.3 all met the targets at 8-second intervals (98-100% of requests);
+    #: at the default 60-second ones an interval's spread is small and 0 met them too, for 0.06-0.1x fewer
+    #: of the oracle's worker-seconds than 0.5 (docs/planner.md, "The rate headroom", "The sure shrink").
+    rate_headroom_z: float = Field(0.0, ge=0)
+    #: ``sla`` mode: a pool shrinks at once, without the hysteresis' intervals, when the rate fell from the
+    #: previous interval's by more than this many standard deviations and even a rate this many above the
+    #: observed one needs fewer workers: a fall that noise cannot explain (at 3, one steady interval in 700
+    #: passes the first test). 0 turns it off (docs/planner.md, "The sure shrink").
+    sure_shrink_z: float = Field(3.0, ge=0)
     #: ``sla`` mode: fold each interval's observed over expected TTFT and ITL into the plan (Dynamo's
     #: correction factor). Off by default: the workers' own step models already scale the profile, and on
     #: the bench's day the latency ratios of intervals of a few requests swung the plan both ways

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 import redis.asyncio as aioredis
@@ -44,7 +44,16 @@ from planner.decision import (
 )
 from planner.leader import LeaderLease
 from planner.metrics import PlannerMetrics
-from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, threshold_plan, with_headroom
+from planner.modes import (
+    Corrections,
+    Forecast,
+    PoolPlan,
+    SlaPlanner,
+    rate_fell,
+    threshold_plan,
+    upper_forecast,
+    with_headroom,
+)
 from planner.observe import PoolState, TrafficMeter, TrafficSample, pool_states
 from planner.predictors import Predictor, PredictorKind, make_predictor
 from planner.profile import Profile
@@ -252,6 +261,12 @@ class Planner:
                 return view, [PoolPlan(r, states[r].workers, "no request finished yet") for r in refs]
             planned = with_headroom(forecast, self.s.rate_headroom_z, self.s.interval_s)
             plans = self.sla.plan(model, self.s.layout, planned, corrections)
+            history = forecaster.history
+            if self.s.sure_shrink_z > 0 and len(history) >= 2 and \
+                    rate_fell(history[-2][0], history[-1][0], self.s.sure_shrink_z, self.s.interval_s):
+                upper = upper_forecast(forecast, self.s.sure_shrink_z, self.s.interval_s)
+                sure = {p.ref: p.replicas for p in self.sla.plan(model, self.s.layout, upper, corrections)}
+                plans = [replace(p, sure_replicas=max(sure[p.ref], p.replicas)) for p in plans]
             return view, [self._with_floor(p, states[p.ref], forecast, corrections) for p in plans]
         return view, [threshold_plan(states[r], self.thresholds) for r in refs]
 
@@ -264,12 +279,12 @@ class Planner:
         if floor <= plan.replicas:
             return plan
         memory = self.memory[plan.ref]
+        # The load already on the pool is not a fall, whatever the rate says: no sure shrink under it.
+        sure = None if plan.sure_replicas is None else max(plan.sure_replicas, floor)
         if not floor_allowed(memory, self.tick, self.s.cooldown_intervals, bounded(floor, self.s.min_replicas, self.s.max_replicas)):
-            return PoolPlan(plan.ref, plan.replicas, f"{plan.reason}; {why}: {floor} workers held (shrank from "
-                            f"{memory.shrunk_from} at interval {memory.last_down})", plan.expected_ttft_s,
-                            plan.expected_itl_s)
-        return PoolPlan(plan.ref, floor, f"{why}: {floor} workers now ({plan.reason})", plan.expected_ttft_s,
-                        plan.expected_itl_s)
+            return replace(plan, reason=f"{plan.reason}; {why}: {floor} workers held (shrank from "
+                                        f"{memory.shrunk_from} at interval {memory.last_down})", sure_replicas=sure)
+        return replace(plan, replicas=floor, reason=f"{why}: {floor} workers now ({plan.reason})", sure_replicas=sure)
 
     async def _apply(self, kind: str, now: float, states: dict[PoolRef, PoolState], views: list[ModelView],
                      plans: list[PoolPlan]) -> Decision:
@@ -286,8 +301,10 @@ class Planner:
             if kind == "fast":
                 targets[ref], notes[ref] = grow_only(before, wanted[ref], self.memory[ref], self.tick)
             else:
+                sure = None if plan.sure_replicas is None else \
+                    bounded(plan.sure_replicas, self.s.min_replicas, self.s.max_replicas)
                 targets[ref], notes[ref] = settle(before, wanted[ref], self.memory[ref], self.tick,
-                                                  self.s.down_after_intervals, self.s.cooldown_intervals)
+                                                  self.s.down_after_intervals, self.s.cooldown_intervals, sure)
         fitted = fit_budget(targets, {r: self.s.min_replicas for r in targets}, self.s.budget)
         pools = []
         for plan in plans:

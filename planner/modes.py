@@ -67,6 +67,21 @@ def with_headroom(f: Forecast, z: float, interval_s: float) -> Forecast:
     return Forecast(f.rate + z * math.sqrt(f.rate / interval_s), f.isl, f.osl)
 
 
+def upper_forecast(f: Forecast, z: float, interval_s: float) -> Forecast:
+    """``f`` at the upper end of the rate its last interval may have had: ``z`` standard deviations of the
+    arrivals counted, and never fewer than one arrival's (an interval with none may still come from a low
+    rate). What that rate needs is where a sure shrink stops (planner.scaling.settle)."""
+    count = max(f.rate, 0.0) * interval_s
+    return Forecast((count + z * math.sqrt(max(count, 1.0))) / interval_s, f.isl, f.osl)
+
+
+def rate_fell(previous: float, current: float, z: float, interval_s: float) -> bool:
+    """Whether an interval's rate fell from the previous one's by more than ``z`` standard deviations of
+    the difference of their Poisson counts: a fall that noise cannot explain (the sure shrink's trigger)."""
+    before, now = max(previous, 0.0) * interval_s, max(current, 0.0) * interval_s
+    return before - now >= z * math.sqrt(max(before + now, 1.0))
+
+
 @dataclass(frozen=True, slots=True)
 class PoolPlan:
     """What one pool wants, and why (one line, logged and kept with the decision)."""
@@ -76,6 +91,9 @@ class PoolPlan:
     reason: str
     expected_ttft_s: float | None = None
     expected_itl_s: float | None = None
+    #: ``sla`` mode: the replicas the upper end of the observed rate needs (planner.scaling.settle shrinks
+    #: to it at once when it is fewer than the pool has); None: only hysteresis shrinks the pool.
+    sure_replicas: int | None = None
 
 
 def threshold_plan(state: PoolState, thresholds: PlannerThresholds) -> PoolPlan:

@@ -5,6 +5,8 @@ functions (the controller keeps each pool's :class:`PoolMemory` across intervals
 * Hysteresis (:func:`settle`): a pool grows at once; it shrinks only after ``down_after`` intervals in a
   row that each wanted fewer workers, to the most of those wishes, and never within ``cooldown``
   intervals of growing. A steady load therefore never scales a pool up and down within two intervals.
+  A sure fall skips the wait: when even the upper end of the observed rate (``sure``) needs fewer
+  workers than the pool has, it shrinks to that at once (still never within the cooldown).
   The other way round, the ``sla`` mode's floor (the load already on a pool) does not grow a pool back to
   the size it had within ``cooldown`` intervals of shrinking it, only past it (:func:`floor_allowed`); the
   burst thresholds still do.
@@ -37,8 +39,9 @@ def bounded(wanted: int, lo: int, hi: int) -> int:
 
 
 def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_after: int,
-           cooldown: int) -> tuple[int, str]:
-    """The replicas to ask for at interval ``tick`` and a note on why (see the module's docstring)."""
+           cooldown: int, sure: int | None = None) -> tuple[int, str]:
+    """The replicas to ask for at interval ``tick`` and a note on why (see the module's docstring).
+    ``sure``: what the upper end of the observed rate needs (at least ``wanted``); None: no sure shrink."""
     if wanted > requested:
         memory.last_up = tick
         memory.low.clear()
@@ -47,15 +50,20 @@ def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_afte
         memory.low.clear()
         return requested, "hold"
     memory.low = [*memory.low, wanted][-down_after:]
+    since = tick - memory.last_up
+    if sure is not None and max(sure, wanted) < requested and since > cooldown:
+        return _shrink(memory, tick, requested, max(sure, wanted)), "down (a sure fall)"
     if len(memory.low) < down_after:
         return requested, f"hold: {len(memory.low)} of {down_after} intervals wanted fewer"
-    since = tick - memory.last_up
     if since <= cooldown:
         return requested, f"hold: grew {since} interval(s) ago (cooldown {cooldown})"
-    target = max(memory.low)
+    return _shrink(memory, tick, requested, max(memory.low)), "down"
+
+
+def _shrink(memory: PoolMemory, tick: int, requested: int, target: int) -> int:
     memory.low.clear()
     memory.last_down, memory.shrunk_from = tick, requested
-    return target, "down"
+    return target
 
 
 def floor_allowed(memory: PoolMemory, tick: int, cooldown: int, floor: int) -> bool:

@@ -9,6 +9,7 @@ from bench.planner_trace import (
     Arrival,
     Schedule,
     Step,
+    action_times,
     actions_of,
     arrivals,
     causal,
@@ -17,6 +18,7 @@ from bench.planner_trace import (
     realized_rates,
     short_share,
     sized,
+    steady_intervals,
 )
 from planner.modes import SlaPlanner
 from planner.profile import DecodePoint, PrefillPoint, Profile
@@ -69,6 +71,19 @@ def test_short_share_counts_the_requests_of_steps_sized_below_the_need() -> None
     plan = [Arrival(0.0, 0, 1, 1), Arrival(1.0, 1, 1, 1), Arrival(2.0, 1, 1, 1), Arrival(3.0, 2, 1, 1)]
     assert short_share(have, need, plan) == pytest.approx(3 / 4)
     assert short_share(need, need, plan) == 0.0
+
+
+def test_a_fast_action_is_timed_within_its_interval_and_answers_the_step_under_way() -> None:
+    decisions = [(0, "fast", 115.0), (1, "interval", 160.0), (6, "interval", 460.0), (6, "fast", 508.0),
+                 (7, "interval", 520.0), (7, "fast", 568.0)]
+    assert action_times(decisions, 60.0) == [0.25, 1.0, 6.0, 6.8, 7.0, 7.8]
+    steady = steady_intervals(DAY)  # the night: intervals 1-7 end its steps 0-6; step 7 starts the ramp
+    # The night's last shrink at tick 7, then a fast growth 0.8 interval later, on the ramp: not a flap.
+    assert flaps([(7.0, "agg", "down"), (7.8, "agg", "up")], 2, steady) == 0
+    # The same a tick earlier is a flap: the growth answered the night's last step.
+    assert flaps([(6.0, "agg", "down"), (6.8, "agg", "up")], 2, steady) == 1
+    # A fast growth, then a shrink 2.8 intervals later: not within two.
+    assert flaps([(3.2, "agg", "up"), (6.0, "agg", "down")], 2, steady) == 0
 
 
 def test_flaps_count_reversals_within_the_window_on_steady_steps() -> None:

@@ -111,6 +111,26 @@ async def test_the_sla_floor_grows_a_pool_on_the_load_there_but_not_back_just_af
     assert (past.pools[0].action, past.pools[0].target) == ("up", 3)
 
 
+@pytest.mark.parametrize(("sure_z", "usage", "action"), [(3.0, 0.05, "down"), (0.0, 0.05, "hold"), (3.0, 0.6, "hold")])
+async def test_a_sure_fall_shrinks_at_the_first_interval_unless_off_or_the_load_on_the_pool_needs_the_workers(
+        redis, namespace, sure_z: float, usage: float, action: str) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    for i in range(6):
+        await put_worker(redis, keys, f"w{i}", usage=usage)
+    p = Planner(settings(mode="sla", itl_s=0.0625, ttft_s=1.0, cooldown_intervals=2, interval_s=60.0,
+                         sure_shrink_z=sure_z), [MODEL], redis, keys, VirtualConnector(redis, keys), profile=sla_profile())
+    p.forecasters[MODEL].observe(1.0, 1000, 100)  # 60 arrivals in an interval, then none: past any noise
+    p.forecasters[MODEL].observe(0.0, None, None)
+    decision = await p.step("interval")
+    [pool] = decision.pools
+    assert pool.action == action
+    if action == "down":
+        assert pool.target == 1 and "a sure fall" in pool.reason
+    else:
+        assert pool.target == 6 and "a sure fall" not in pool.reason
+        assert "1 of 2 intervals wanted fewer" in pool.reason if usage < 0.1 else "kv usage 0.60" in pool.reason
+
+
 async def test_the_budget_and_bounds_hold(redis, namespace) -> None:  # noqa: ANN001
     keys = Keys(namespace)
     for i in range(3):

@@ -168,6 +168,26 @@ def test_the_rate_is_planned_with_headroom_for_a_busier_interval() -> None:
     assert with_headroom(f, 1.3, 60.0).rate < with_headroom(f, 1.3, 10.0).rate
 
 
+def test_the_upper_end_of_an_intervals_rate_counts_at_least_one_arrivals_spread() -> None:
+    from planner.modes import upper_forecast
+
+    # 240 arrivals in 60 s: 4 +- 3 sqrt(240) / 60.
+    assert upper_forecast(Forecast(4.0, 100, 10), 3.0, 60.0) == Forecast((240 + 3 * math.sqrt(240)) / 60, 100, 10)
+    # None arrived: the rate may still have been up to 3 arrivals' worth.
+    assert upper_forecast(Forecast(0.0, 100, 10), 3.0, 60.0).rate == pytest.approx(3 / 60)
+
+
+def test_a_fall_counts_as_sure_only_past_the_noise_of_both_intervals_counts() -> None:
+    from planner.modes import rate_fell
+
+    # 300 then 240 arrivals in 60 s: a fall of 60 against 3 sqrt(540) = 69.7: noise can explain it.
+    assert not rate_fell(5.0, 4.0, 3.0, 60.0)
+    # 300 then 180: 120 against 3 sqrt(480) = 65.7.
+    assert rate_fell(5.0, 3.0, 3.0, 60.0)
+    # A rise is never a fall; nothing then nothing is not one either.
+    assert not rate_fell(3.0, 5.0, 3.0, 60.0) and not rate_fell(0.0, 0.0, 3.0, 60.0)
+
+
 def test_the_workers_step_models_against_the_profiles_scale_the_plan() -> None:
     from core.timing import TimingModel
 

@@ -37,6 +37,27 @@ def test_no_shrinking_within_the_cooldown_of_growing() -> None:
     assert settle(4, 2, m, tick=8, down_after=1, cooldown=2) == (2, "down")
 
 
+def test_a_sure_fall_shrinks_at_once_to_what_the_upper_end_of_the_rate_needs() -> None:
+    m = PoolMemory()
+    # The plan wants 3 of 8, and even the rate's upper end needs only 5: no waiting for a second interval.
+    assert settle(8, 3, m, tick=10, down_after=2, cooldown=2, sure=5) == (5, "down (a sure fall)")
+    assert (m.last_down, m.shrunk_from, m.low) == (10, 8, [])
+
+
+def test_a_fall_within_the_noise_waits_for_the_hysteresis() -> None:
+    m = PoolMemory()
+    # The upper end of the rate still needs the 4 the pool has: an unlucky interval, not a fall.
+    assert settle(4, 3, m, tick=10, down_after=2, cooldown=2, sure=4) == (4, "hold: 1 of 2 intervals wanted fewer")
+    assert settle(4, 3, m, tick=11, down_after=2, cooldown=2, sure=4) == (3, "down")
+
+
+def test_a_sure_fall_waits_for_the_cooldown_of_growing() -> None:
+    m = PoolMemory()
+    settle(2, 6, m, tick=5, down_after=2, cooldown=2)
+    assert settle(6, 2, m, tick=7, down_after=2, cooldown=2, sure=3)[0] == 6
+    assert settle(6, 2, m, tick=8, down_after=2, cooldown=2, sure=3) == (3, "down (a sure fall)")
+
+
 def test_the_floor_grows_a_pool_back_only_past_its_size_within_the_cooldown_of_shrinking_it() -> None:
     m = PoolMemory()
     assert floor_allowed(m, tick=1, cooldown=2, floor=2)
