@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import signal
@@ -382,7 +383,7 @@ def summarize(c: Config, layout: str, fleet: str, record: RunRecord, notes: dict
         steady = steady_intervals(DAY)
         out["scaling_actions"] = len(actions)
         out["flaps_steady"] = flaps(actions, 2, steady)
-        out["flaps_all"] = flaps(actions, 2, {t for t, _, _ in actions})
+        out["flaps_all"] = flaps(actions, 2, {math.ceil(t) for t, _, _ in actions})
         out["decisions"] = [
             {"tick": d.tick, "kind": d.kind, "at": d.at,
              "pools": {p.pool: [p.live, p.requested, p.target, p.action, p.reason] for p in d.pools},
