@@ -20,7 +20,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from planner.modes import Corrections, Forecast, SlaPlanner, rate_fell, upper_forecast, with_headroom
+from planner.modes import Corrections, Forecast, SlaPlanner, with_headroom
 from planner.scaling import PoolMemory, bounded, settle
 
 CHAT = (512, 128)
@@ -125,11 +125,10 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
     for i, step in enumerate(day):
         seen = day[i - 1] if i else step
         rate = rates[i - 1] if i else rates[0]
-        f = with_headroom(Forecast(rate, seen.isl, seen.osl), z, step_s)
-        upper = upper_forecast(Forecast(rate, seen.isl, seen.osl), sure_z, step_s)
-        fell = sure_z > 0 and i >= 2 and rate_fell(rates[i - 2], rate, sure_z, step_s)
-        sure = {p.ref.pool.value: p.replicas for p in sla.plan("m", layout, upper, Corrections())} if fell else {}
-        for plan in sla.plan("m", layout, f, Corrections()):
+        seen_f = Forecast(rate, seen.isl, seen.osl)
+        sure = sla.sure_replicas("m", layout, rates[i - 2], rate, seen_f, Corrections(), sure_z, step_s) \
+            if i >= 2 else {}
+        for plan in sla.plan("m", layout, with_headroom(seen_f, z, step_s), Corrections()):
             pool = plan.ref.pool.value
             wanted = bounded(plan.replicas, lo, hi)
             counts = replicas.setdefault(pool, [])
@@ -138,7 +137,7 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
                 memory[pool] = PoolMemory(last_up=i)
                 continue
             target, _ = settle(counts[-1], wanted, memory[pool], i, down_after, cooldown,
-                               bounded(sure[pool], lo, hi) if pool in sure else None)
+                               bounded(sure[plan.ref], lo, hi) if plan.ref in sure else None)
             counts.append(target)
     return Schedule(f"causal-{layout}-z{z:g}-{'h' if down_after > 1 or cooldown else 'nh'}"
                     f"{f'-sure{sure_z:g}' if sure_z else ''}", replicas)

@@ -44,16 +44,7 @@ from planner.decision import (
 )
 from planner.leader import LeaderLease
 from planner.metrics import PlannerMetrics
-from planner.modes import (
-    Corrections,
-    Forecast,
-    PoolPlan,
-    SlaPlanner,
-    rate_fell,
-    threshold_plan,
-    upper_forecast,
-    with_headroom,
-)
+from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, threshold_plan, with_headroom
 from planner.observe import PoolState, TrafficMeter, TrafficSample, pool_states
 from planner.predictors import Predictor, PredictorKind, make_predictor
 from planner.profile import Profile
@@ -261,12 +252,10 @@ class Planner:
                 return view, [PoolPlan(r, states[r].workers, "no request finished yet") for r in refs]
             planned = with_headroom(forecast, self.s.rate_headroom_z, self.s.interval_s)
             plans = self.sla.plan(model, self.s.layout, planned, corrections)
-            history = forecaster.history
-            if self.s.sure_shrink_z > 0 and len(history) >= 2 and \
-                    rate_fell(history[-2][0], history[-1][0], self.s.sure_shrink_z, self.s.interval_s):
-                upper = upper_forecast(forecast, self.s.sure_shrink_z, self.s.interval_s)
-                sure = {p.ref: p.replicas for p in self.sla.plan(model, self.s.layout, upper, corrections)}
-                plans = [replace(p, sure_replicas=max(sure[p.ref], p.replicas)) for p in plans]
+            if len(history := forecaster.history) >= 2:
+                sure = self.sla.sure_replicas(model, self.s.layout, history[-2][0], history[-1][0], forecast,
+                                              corrections, self.s.sure_shrink_z, self.s.interval_s)
+                plans = [replace(p, sure_replicas=sure.get(p.ref)) for p in plans]
             return view, [self._with_floor(p, states[p.ref], forecast, corrections) for p in plans]
         return view, [threshold_plan(states[r], self.thresholds) for r in refs]
 

@@ -91,8 +91,9 @@ class PoolPlan:
     reason: str
     expected_ttft_s: float | None = None
     expected_itl_s: float | None = None
-    #: ``sla`` mode: the replicas the upper end of the observed rate needs (planner.scaling.settle shrinks
-    #: to it at once when it is fewer than the pool has); None: only hysteresis shrinks the pool.
+    #: ``sla`` mode, after a sure fall (:meth:`SlaPlanner.sure_replicas`): the replicas the upper end of
+    #: the observed rate needs (planner.scaling.settle shrinks to it at once when it is fewer than the pool
+    #: has); None: only hysteresis shrinks the pool.
     sure_replicas: int | None = None
 
 
@@ -233,6 +234,15 @@ class SlaPlanner:
         n, itl = self.agg_workers(f, c)
         return [PoolPlan(PoolRef(model, Pool.AGG), n, f"{why}, itl {itl * 1000:.1f} ms: {n} workers",
                          self.expected_ttft_s(f.rate, f.isl, n, c), itl)]
+
+    def sure_replicas(self, model: str, layout: str, previous: float, current: float, f: Forecast, c: Corrections,
+                      z: float, interval_s: float) -> dict[PoolRef, int]:
+        """The sure shrink's sizes: when the rate fell from ``previous`` to ``current`` (the last two
+        intervals' observed rates) past the noise (:func:`rate_fell`), what the upper end of ``f``'s rate
+        (:func:`upper_forecast`) needs per pool; empty otherwise, or with ``z`` 0 (off)."""
+        if z <= 0 or not rate_fell(previous, current, z, interval_s):
+            return {}
+        return {p.ref: p.replicas for p in self.plan(model, layout, upper_forecast(f, z, interval_s), c)}
 
     def floor(self, state: PoolState, f: Forecast, c: Corrections) -> tuple[int, str]:
         """The workers the load already on the pool needs, whatever was predicted: its KV usage brought down

@@ -5,8 +5,9 @@ functions (the controller keeps each pool's :class:`PoolMemory` across intervals
 * Hysteresis (:func:`settle`): a pool grows at once; it shrinks only after ``down_after`` intervals in a
   row that each wanted fewer workers, to the most of those wishes, and never within ``cooldown``
   intervals of growing. A steady load therefore never scales a pool up and down within two intervals.
-  A sure fall skips the wait: when even the upper end of the observed rate (``sure``) needs fewer
-  workers than the pool has, it shrinks to that at once (still never within the cooldown).
+  A sure fall skips the wait: when the caller saw the rate fall past the noise and even the upper end of
+  the observed rate needs fewer workers than the pool has (``sure``), it shrinks to that at once (still
+  never within the cooldown).
   The other way round, the ``sla`` mode's floor (the load already on a pool) does not grow a pool back to
   the size it had within ``cooldown`` intervals of shrinking it, only past it (:func:`floor_allowed`); the
   burst thresholds still do.
@@ -41,7 +42,8 @@ def bounded(wanted: int, lo: int, hi: int) -> int:
 def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_after: int,
            cooldown: int, sure: int | None = None) -> tuple[int, str]:
     """The replicas to ask for at interval ``tick`` and a note on why (see the module's docstring).
-    ``sure``: what the upper end of the observed rate needs (at least ``wanted``); None: no sure shrink."""
+    ``sure``: after a sure fall, what the upper end of the observed rate needs (taken at least ``wanted``);
+    None: no sure shrink."""
     if wanted > requested:
         memory.last_up = tick
         memory.low.clear()
