@@ -57,6 +57,11 @@ class RequestStream:
                 self.worker_id = delta.worker_id
             self._ready.set()
             return
+        if delta.seq < self._next_seq and delta.error is None:
+            # A second copy of a delta already delivered (a publish Redis ran twice, as when a
+            # connection dropped after the command was sent): the stream has it; drop the copy.
+            log.debug("request %s: duplicate delta seq %d dropped", self.request_id, delta.seq)
+            return
         if delta.seq != self._next_seq and delta.error is None:
             delta = TokenDelta(self.request_id, self._next_seq, error=ErrorInfo(
                 "stream_gap", f"token stream lost messages (expected seq {self._next_seq}, got {delta.seq})"))
