@@ -102,6 +102,8 @@ class Config:
     headroom_z: float = PlannerSettings().rate_headroom_z
     #: The sla mode's sure shrink (standard deviations above the observed rate; 0: off).
     sure_shrink_z: float = PlannerSettings().sure_shrink_z
+    #: The sla mode's sure rise (standard deviations of the interval so far above the forecast; 0: off).
+    sure_rise_z: float = PlannerSettings().sure_rise_z
 
 
 def worker_env(c: Config) -> dict[str, str]:
@@ -238,6 +240,7 @@ def planner_env(c: Config, layout: str, profile_path: Path, run_dir: Path) -> di
             "SLUICE_PLANNER__BUDGET": str(c.budget), "SLUICE_PLANNER__PREFILL_UTILIZATION": str(c.utilization),
             "SLUICE_PLANNER__SLA_MARGIN": str(c.margin), "SLUICE_PLANNER__CORRECTION": str(c.correction).lower(),
             "SLUICE_PLANNER__RATE_HEADROOM_Z": str(c.headroom_z), "SLUICE_PLANNER__SURE_SHRINK_Z": str(c.sure_shrink_z),
+            "SLUICE_PLANNER__SURE_RISE_Z": str(c.sure_rise_z),
             "SLUICE_PLANNER__LOCAL_DIR": str(run_dir), "SLUICE_PLANNER__METRICS_PORT": "-1",
             "SLUICE_PLANNER__LOCK_TTL_S": str(max(3.0, c.step_s)),
             "SLUICE_PLANNER__WORKER_COMMAND": json.dumps([sys.executable, "-m", "sluice", "worker", "--log-level",
@@ -473,6 +476,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the sla mode's rate headroom (SLUICE_PLANNER__RATE_HEADROOM_Z)")
     p.add_argument("--sure-shrink-z", type=float, default=PlannerSettings().sure_shrink_z,
                    help="the sla mode's sure shrink (SLUICE_PLANNER__SURE_SHRINK_Z; 0: off)")
+    p.add_argument("--sure-rise-z", type=float, default=PlannerSettings().sure_rise_z,
+                   help="the sla mode's sure rise (SLUICE_PLANNER__SURE_RISE_Z; 0: off)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -480,7 +485,7 @@ def parser() -> argparse.ArgumentParser:
 def config_of(args: argparse.Namespace) -> Config:
     return Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
                   args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction,
-                  args.headroom_z, args.sure_shrink_z)
+                  args.headroom_z, args.sure_shrink_z, args.sure_rise_z)
 
 
 def main(argv: list[str] | None = None) -> dict:

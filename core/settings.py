@@ -369,6 +369,10 @@ class PlannerSettings(BaseModel):
     #: observed one needs fewer workers: a fall that noise cannot explain (at 3, one steady interval in 700
     #: passes the first test). 0 turns it off (docs/planner.md, "The sure shrink").
     sure_shrink_z: float = Field(3.0, ge=0)
+    #: ``sla`` mode: the fast path grows a pool at once to what the rate of the interval so far needs when
+    #: its arrivals passed the forecast's by more than this many standard deviations, within the cooldown
+    #: of a shrink too (a ramp's first seconds, not a flap). 0 turns it off (docs/planner.md, "The sure rise").
+    sure_rise_z: float = Field(3.0, ge=0)
     #: ``sla`` mode: fold each interval's observed over expected TTFT and ITL into the plan (Dynamo's
     #: correction factor). Off by default: the workers' own step models already scale the profile, and on
     #: the bench's day the latency ratios of intervals of a few requests swung the plan both ways

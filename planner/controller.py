@@ -198,11 +198,13 @@ class Planner:
         snapshot = await self.reader.read(extra_queues=pool_queues.values(), index=False)
         states = pool_states(snapshot, {ref: snapshot.queue_messages.get(q, 0) for ref, q in pool_queues.items()})
         traffic = await self._traffic(snapshot, now) if kind == "interval" else None
+        # The fast path's look at the interval so far (the sure rise): the frontends' counters, not Prometheus'.
+        so_far = self.meter.peek(snapshot.frontends, now) if kind == "fast" and self.prometheus is None else None
         if kind == "interval":
             self.tick += 1
         views, plans = [], []
         for model in self.models:
-            view, model_plans = self._plan_model(model, kind, states, traffic)
+            view, model_plans = self._plan_model(model, kind, states, traffic, (so_far or {}).get(model))
             views.append(view)
             plans.extend(model_plans)
         decision = await self._apply(kind, now, states, views, plans)
@@ -221,7 +223,8 @@ class Planner:
 
     # ---- planning ----
     def _plan_model(self, model: str, kind: str, states: dict[PoolRef, PoolState],
-                    traffic: dict[str, TrafficSample] | None) -> tuple[ModelView, list[PoolPlan]]:
+                    traffic: dict[str, TrafficSample] | None, so_far: TrafficSample | None = None,
+                    ) -> tuple[ModelView, list[PoolPlan]]:
         refs = [r for r in self.refs if r.model == model]
         observed = None
         forecaster, corrections = self.forecasters[model], self.corrections[model]
@@ -243,7 +246,9 @@ class Planner:
             burst = PlannerThresholds(kv_high=self.s.burst_kv, kv_low=0.0, queue_high=self.s.burst_queue)
             plans = [threshold_plan(states[r], burst) for r in refs]
             if self.sla is not None and forecaster.history and forecast.isl > 0:
-                plans = [self._with_floor(p, states[p.ref], forecast, corrections) for p in plans]
+                rise = self._sure_rise(model, forecast, corrections, so_far)
+                plans = [self._with_floor(_at_least(p, *rise.get(p.ref, (0, ""))), states[p.ref], forecast,
+                                          corrections, rising=p.ref in rise) for p in plans]
             return view, plans
         if self.sla is not None and self.s.mode == "sla":
             if not forecaster.history:  # nothing observed yet: no plan
@@ -259,10 +264,25 @@ class Planner:
             return view, [self._with_floor(p, states[p.ref], forecast, corrections) for p in plans]
         return view, [threshold_plan(states[r], self.thresholds) for r in refs]
 
-    def _with_floor(self, plan: PoolPlan, state: PoolState, forecast: Forecast, c: Corrections) -> PoolPlan:
+    def _sure_rise(self, model: str, forecast: Forecast, c: Corrections,
+                   so_far: TrafficSample | None) -> dict[PoolRef, tuple[int, str]]:
+        """The fast path's sure rise (planner.modes.SlaPlanner.rise_replicas) on the interval so far: the
+        workers each pool needs, with the reason; empty when the arrivals are within the forecast's noise."""
+        assert self.sla is not None
+        if so_far is None:
+            return {}
+        sizes = self.sla.rise_replicas(model, self.s.layout, forecast, so_far.arrived, so_far.duration_s, c,
+                                       self.s.sure_rise_z)
+        why = (f"a sure rise: {so_far.arrived} arrivals in {so_far.duration_s:.0f} s against "
+               f"{forecast.rate * so_far.duration_s:.1f} forecast")
+        return {ref: (n, f"{why}: {n} workers") for ref, n in sizes.items()}
+
+    def _with_floor(self, plan: PoolPlan, state: PoolState, forecast: Forecast, c: Corrections,
+                    rising: bool = False) -> PoolPlan:
         """``sla`` mode: never fewer workers than the load already on the pool needs (planner.modes), except
         that within the cooldown after a shrink it only grows the pool past the size it shrank from
-        (planner.scaling.floor_allowed; the floor taken within the bounds, as the wish is in :meth:`_apply`)."""
+        (planner.scaling.floor_allowed; the floor taken within the bounds, as the wish is in :meth:`_apply`),
+        unless the arrivals of the interval so far rose past the forecast (``rising``): a ramp, not a flap."""
         assert self.sla is not None
         floor, why = self.sla.floor(state, forecast, c)
         if floor <= plan.replicas:
@@ -270,7 +290,8 @@ class Planner:
         memory = self.memory[plan.ref]
         # The load already on the pool is not a fall, whatever the rate says: no sure shrink under it.
         sure = None if plan.sure_replicas is None else max(plan.sure_replicas, floor)
-        if not floor_allowed(memory, self.tick, self.s.cooldown_intervals, bounded(floor, self.s.min_replicas, self.s.max_replicas)):
+        if not rising and not floor_allowed(memory, self.tick, self.s.cooldown_intervals,
+                                            bounded(floor, self.s.min_replicas, self.s.max_replicas)):
             return replace(plan, reason=f"{plan.reason}; {why}: {floor} workers held (shrank from "
                                         f"{memory.shrunk_from} at interval {memory.last_down})", sure_replicas=sure)
         return replace(plan, replicas=floor, reason=f"{why}: {floor} workers now ({plan.reason})", sure_replicas=sure)
@@ -333,6 +354,11 @@ class Planner:
             history={m: list(f.history) for m, f in self.forecasters.items()},
             corrections={m: (c.prefill, c.decode, c.prefill_model, c.decode_model) for m, c in self.corrections.items()})
         await self.redis.set(self.keys.planner_state, encode(state))
+
+
+def _at_least(plan: PoolPlan, replicas: int, why: str) -> PoolPlan:
+    """``plan``, or ``replicas`` workers for ``why`` when that is more."""
+    return replace(plan, replicas=replicas, reason=f"{why} ({plan.reason})") if replicas > plan.replicas else plan
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -82,6 +82,14 @@ def rate_fell(previous: float, current: float, z: float, interval_s: float) -> b
     return before - now >= z * math.sqrt(max(before + now, 1.0))
 
 
+def rate_rose(expected: float, arrived: int, elapsed_s: float, z: float) -> bool:
+    """Whether ``arrived`` requests in the first ``elapsed_s`` seconds of an interval are more than ``z``
+    standard deviations of a Poisson count above what the ``expected`` rate brings in that time: a rise
+    that noise cannot explain (the sure rise's trigger, :meth:`SlaPlanner.rise_replicas`)."""
+    mean = max(expected, 0.0) * elapsed_s
+    return elapsed_s > 0 and arrived - mean >= z * math.sqrt(max(mean, 1.0))
+
+
 @dataclass(frozen=True, slots=True)
 class PoolPlan:
     """What one pool wants, and why (one line, logged and kept with the decision)."""
@@ -243,6 +251,18 @@ class SlaPlanner:
         if z <= 0 or not rate_fell(previous, current, z, interval_s):
             return {}
         return {p.ref: p.replicas for p in self.plan(model, layout, upper_forecast(f, z, interval_s), c)}
+
+    def rise_replicas(self, model: str, layout: str, f: Forecast, arrived: int, elapsed_s: float, c: Corrections,
+                      z: float) -> dict[PoolRef, int]:
+        """The sure rise's sizes: when the current interval's ``arrived`` requests in its first ``elapsed_s``
+        seconds passed what ``f`` predicted by more than the noise (:func:`rate_rose`), what the rate they
+        show needs per pool; empty otherwise, or with ``z`` 0 (off). The rate observed is the estimate: the
+        trigger already says it is above the forecast, and a lower end ``z`` deviations down would size the
+        first seconds of a ramp under the forecast itself."""
+        if z <= 0 or not rate_rose(f.rate, arrived, elapsed_s, z):
+            return {}
+        observed = Forecast(arrived / elapsed_s, f.isl, f.osl)
+        return {p.ref: p.replicas for p in self.plan(model, layout, observed, c)}
 
     def floor(self, state: PoolState, f: Forecast, c: Corrections) -> tuple[int, str]:
         """The workers the load already on the pool needs, whatever was predicted: its KV usage brought down

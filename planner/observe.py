@@ -69,24 +69,37 @@ class TrafficMeter:
 
     def read(self, frontends: Iterable[LiveFrontend], now: float) -> dict[str, TrafficSample] | None:
         """The traffic per model since the last reading; None at the first (it only sets the baseline)."""
-        current = {f.record.frontend_id: (f.record.started_at,
-                                          {m: LoadCounters.from_list(v) for m, v in f.record.load.items()})
-                   for f in frontends}
+        current = _counters(frontends)
         last, last_at = self._last, self._last_at
         self._last = {fid: counters for fid, (_, counters) in current.items()}
         self._last_at = now
-        if last_at is None:
+        return None if last_at is None else _since(current, last, last_at, now)
+
+    def peek(self, frontends: Iterable[LiveFrontend], now: float) -> dict[str, TrafficSample] | None:
+        """The traffic per model since the last reading, leaving that reading the baseline (the fast path's
+        look at the interval so far); None before the first reading."""
+        if self._last_at is None:
             return None
-        totals: dict[str, LoadCounters] = {}
-        for fid, (started_at, counters) in current.items():
-            before = last.get(fid)
-            if before is None and started_at < last_at:
-                continue  # it was live but unseen (Redis was away): its counters hold more than this interval
-            for model, now_counters in counters.items():
-                delta = _minus(now_counters, before.get(model, LoadCounters())) if before else now_counters
-                _add(totals.setdefault(model, LoadCounters()), delta)
-        duration = max(now - last_at, 1e-6)
-        return {model: sample_of(delta, duration) for model, delta in totals.items()}
+        return _since(_counters(frontends), self._last, self._last_at, now)
+
+
+def _counters(frontends: Iterable[LiveFrontend]) -> dict[str, tuple[float, dict[str, LoadCounters]]]:
+    return {f.record.frontend_id: (f.record.started_at, {m: LoadCounters.from_list(v) for m, v in f.record.load.items()})
+            for f in frontends}
+
+
+def _since(current: dict[str, tuple[float, dict[str, LoadCounters]]], last: dict[str, dict[str, LoadCounters]],
+           last_at: float, now: float) -> dict[str, TrafficSample]:
+    totals: dict[str, LoadCounters] = {}
+    for fid, (started_at, counters) in current.items():
+        before = last.get(fid)
+        if before is None and started_at < last_at:
+            continue  # it was live but unseen (Redis was away): its counters hold more than this interval
+        for model, now_counters in counters.items():
+            delta = _minus(now_counters, before.get(model, LoadCounters())) if before else now_counters
+            _add(totals.setdefault(model, LoadCounters()), delta)
+    duration = max(now - last_at, 1e-6)
+    return {model: sample_of(delta, duration) for model, delta in totals.items()}
 
 
 @dataclass(frozen=True, slots=True)

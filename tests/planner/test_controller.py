@@ -111,6 +111,43 @@ async def test_the_sla_floor_grows_a_pool_on_the_load_there_but_not_back_just_af
     assert (past.pools[0].action, past.pools[0].target) == ("up", 3)
 
 
+@pytest.mark.parametrize(("rise_z", "arrived", "target", "why"), [
+    (3.0, 200, 3, "a sure rise: 200 arrivals in 20 s against 2.0 forecast: 3 workers"),  # 10 req/s: 3 workers
+    (3.0, 20, 2, "kv usage 0.80"),  # 1 req/s needs 1 worker, but the rise lifts the hold of the floor's 2
+    (3.0, 4, 1, "2 workers held"),  # 2 expected: 4 is within the noise (3 sqrt(2) = 4.2)
+    (0.0, 200, 1, "2 workers held"),  # off
+])
+async def test_a_sure_rise_in_the_interval_so_far_grows_the_pool_at_once_even_just_after_a_shrink(
+        redis, namespace, rise_z: float, arrived: int, target: int, why: str) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    await put_worker(redis, keys, "w0", usage=0.8)  # the floor's 2 workers (test_the_sla_floor_...)
+    frontends = FrontendRegistry(redis, keys)
+
+    async def publish(arrivals: int) -> None:
+        await frontends.renew(FrontendRecord(frontend_id="f1", url="u", metrics_url="m", router_mode="kv",
+                                             started_at=0.0, load={MODEL: LoadCounters(arrived=arrivals).as_list()}),
+                              ttl_s=60)
+
+    clock = [100.0]
+    p = Planner(settings(mode="sla", itl_s=0.0625, ttft_s=1.0, cooldown_intervals=2, interval_s=60.0,
+                         sure_rise_z=rise_z), [MODEL], redis, keys, VirtualConnector(redis, keys),
+                profile=sla_profile(), clock=lambda: clock[0])
+    await publish(10)
+    await p.resume()  # the interval starts: the counters' baseline
+    p.forecasters[MODEL].observe(0.1, 1000, 100)  # 2 arrivals expected in 20 s
+    p.tick = 10
+    p.memory[AGG].last_down, p.memory[AGG].shrunk_from = 9, 2  # hysteresis shrank the pool 2 -> 1 one interval ago
+    clock[0] = 120.0
+    await publish(10 + arrived)
+    [pool] = (await p.step("fast")).pools
+    assert (pool.action, pool.target) == ("up" if target > 1 else "hold", target)
+    assert why in pool.reason
+    # The fast path only looked: the interval still counts its arrivals from its start.
+    clock[0] = 160.0
+    [view] = (await p.step("interval")).models
+    assert view.observed is not None and view.observed.rate == pytest.approx(arrived / 60)
+
+
 @pytest.mark.parametrize(("sure_z", "usage", "action"), [(3.0, 0.05, "down"), (0.0, 0.05, "hold"), (3.0, 0.6, "hold")])
 async def test_a_sure_fall_shrinks_at_the_first_interval_unless_off_or_the_load_on_the_pool_needs_the_workers(
         redis, namespace, sure_z: float, usage: float, action: str) -> None:  # noqa: ANN001

@@ -188,6 +188,26 @@ def test_a_fall_counts_as_sure_only_past_the_noise_of_both_intervals_counts() ->
     assert not rate_fell(3.0, 5.0, 3.0, 60.0) and not rate_fell(0.0, 0.0, 3.0, 60.0)
 
 
+def test_a_rise_counts_as_sure_only_past_the_noise_of_the_forecasts_count() -> None:
+    from planner.modes import rate_rose
+
+    # 1 req/s forecast, 20 s in: 20 expected, 3 sqrt(20) = 13.4 more needed.
+    assert not rate_rose(1.0, 33, 20.0, 3.0) and rate_rose(1.0, 34, 20.0, 3.0)
+    # Nothing forecast: the noise of one arrival's count still stands (3 arrivals are not a ramp).
+    assert not rate_rose(0.0, 2, 5.0, 3.0) and rate_rose(0.0, 3, 5.0, 3.0)
+    # A fall is never a rise; no time passed, no rise.
+    assert not rate_rose(2.0, 10, 20.0, 3.0) and not rate_rose(1.0, 5, 0.0, 3.0)
+
+
+def test_a_sure_rise_sizes_the_pools_on_the_rate_observed_so_far() -> None:
+    sla = SlaPlanner(profile(), ttft_s=0.8, itl_s=0.05)
+    f = Forecast(rate=1.0, isl=1000, osl=100)
+    at_10 = {p.ref: p.replicas for p in sla.plan("m", "agg", Forecast(10.0, 1000, 100), Corrections())}
+    assert sla.rise_replicas("m", "agg", f, 200, 20.0, Corrections(), 3.0) == at_10 and at_10[AGG] > 1
+    assert sla.rise_replicas("m", "agg", f, 25, 20.0, Corrections(), 3.0) == {}  # within the noise
+    assert sla.rise_replicas("m", "agg", f, 200, 20.0, Corrections(), 0.0) == {}  # off
+
+
 def test_the_workers_step_models_against_the_profiles_scale_the_plan() -> None:
     from core.timing import TimingModel
 

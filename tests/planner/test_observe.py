@@ -37,6 +37,16 @@ def test_the_first_reading_is_a_baseline_and_the_next_ones_are_differences() -> 
     assert (s.isl, s.osl, s.ttft_s, s.itl_s) == (100.0, 20.0, 0.2, 0.01)
 
 
+def test_a_peek_reads_the_interval_so_far_and_keeps_the_baseline() -> None:
+    meter = TrafficMeter()
+    assert meter.peek([frontend("f1", 0.0, arrived=10)], 0.0) is None  # no baseline yet
+    meter.read([frontend("f1", 0.0, arrived=10)], 0.0)
+    so_far = meter.peek([frontend("f1", 0.0, arrived=30)], 10.0)
+    assert so_far is not None and (so_far["m"].arrived, so_far["m"].duration_s) == (20, 10.0)
+    whole = meter.read([frontend("f1", 0.0, arrived=50)], 20.0)
+    assert whole is not None and (whole["m"].arrived, whole["m"].duration_s) == (40, 20.0)
+
+
 def test_a_new_frontend_counts_whole_a_gone_one_drops_and_an_unseen_old_one_waits_for_its_baseline() -> None:
     meter = TrafficMeter()
     meter.read([frontend("a", 0.0, arrived=10)], now=10.0)

@@ -129,8 +129,13 @@ async def test_decode_itl_grows_with_the_kv_the_batch_holds(profile: Profile) ->
     assert (lightest.batch, lightest.context) == (1, 256) and (heaviest.batch, heaviest.context) == (16, 1024)
     # decode_ms: about 5.9 ms at an empty cache, 26 ms at half full (before the speedup).
     assert heaviest.itl_s > 3 * lightest.itl_s
-    for a, b in zip(by_usage, by_usage[1:], strict=False):
-        assert b.itl_s > 0.8 * a.itl_s, (a, b)
+    # Any two points the mocker sets at least twice apart are measured in that order. Neighbours in KV are
+    # not compared: their steps differ by a fraction of a millisecond, less than a loaded machine's
+    # sleeps run late.
+    info = engine_info(block_size=16, kv_blocks=2048, max_num_seqs=32, context_length=8192, max_batched_tokens=1024)
+    points = list(zip([predicted_itl_s(plan) for plan in decode_points(SPEC, info)], profile.decode, strict=True))
+    pairs = [(a, b) for pa, a in points for pb, b in points if pb >= 2 * pa]
+    assert pairs and all(b.itl_s > a.itl_s for a, b in pairs), pairs
 
 
 async def test_profile_describes_the_engine_and_round_trips(profile: Profile, tmp_path: Path) -> None:
