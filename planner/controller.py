@@ -315,7 +315,10 @@ class Planner:
                     bounded(plan.sure_replicas, self.s.min_replicas, self.s.max_replicas)
                 targets[ref], notes[ref] = settle(before, wanted[ref], self.memory[ref], self.tick,
                                                   self.s.down_after_intervals, self.s.cooldown_intervals, sure)
-        fitted = fit_budget(targets, {r: self.s.min_replicas for r in targets}, self.s.budget)
+        # The fast path never shrinks, through the budget either: a pool that grows takes only what the
+        # others leave (cutting one to grow another was a flap a tick, the disagg 60-second run).
+        floors = {r: requested[r] if kind == "fast" else self.s.min_replicas for r in targets}
+        fitted = fit_budget(targets, floors, self.s.budget)
         pools = []
         for plan in plans:
             ref, before, target = plan.ref, requested[plan.ref], fitted[plan.ref]

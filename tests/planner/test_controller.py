@@ -180,6 +180,19 @@ async def test_the_budget_and_bounds_hold(redis, namespace) -> None:  # noqa: AN
     assert all(x.wanted == 5 for x in decision.pools) and "budget" in decision.pools[0].reason
 
 
+async def test_the_fast_path_grows_a_pool_only_into_what_the_budget_leaves_and_never_cuts_another(
+        redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    await put_worker(redis, keys, "p0", usage=0.9, pool=Pool.PREFILL, waiting=24)  # a burst: 7 workers wanted
+    for i in range(7):
+        await put_worker(redis, keys, f"d{i}", usage=0.1, pool=Pool.DECODE)
+    p = planner(redis, keys, layout="disagg", max_replicas=8, budget=10)
+    decision = await p.step("fast")
+    pools = {x.pool: x for x in decision.pools}
+    assert (pools["prefill"].action, pools["prefill"].target) == ("up", 3)  # 10 less the decode pool's 7
+    assert (pools["decode"].action, pools["decode"].target) == ("hold", 7)
+
+
 async def test_traffic_is_read_from_the_frontends_counters_and_predicted(redis, namespace) -> None:  # noqa: ANN001
     keys = Keys(namespace)
     await put_worker(redis, keys, "w0", usage=0.5)
