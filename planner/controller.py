@@ -198,8 +198,10 @@ class Planner:
         snapshot = await self.reader.read(extra_queues=pool_queues.values(), index=False)
         states = pool_states(snapshot, {ref: snapshot.queue_messages.get(q, 0) for ref, q in pool_queues.items()})
         traffic = await self._traffic(snapshot, now) if kind == "interval" else None
-        # The fast path's look at the interval so far (the sure rise): the frontends' counters, not Prometheus'.
-        so_far = self.meter.peek(snapshot.frontends, now) if kind == "fast" and self.prometheus is None else None
+        # The fast path's look at the interval so far (the sure rise, sla planning only): the frontends'
+        # counters, not Prometheus'.
+        peek = kind == "fast" and self.sla is not None and self.prometheus is None
+        so_far = self.meter.peek(snapshot.frontends, now) if peek else None
         if kind == "interval":
             self.tick += 1
         views, plans = [], []

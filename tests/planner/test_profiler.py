@@ -107,6 +107,11 @@ def test_steady_gaps_start_once_every_stream_has_started() -> None:
 
 
 # ---- measured on the mocker ----
+def measured_engine_info() -> EngineInfo:
+    """What the profiled mocker (:data:`MOCKER`) tells the profiler about itself."""
+    return engine_info(block_size=16, kv_blocks=2048, max_num_seqs=32, context_length=8192, max_batched_tokens=1024)
+
+
 async def test_prefill_ttft_follows_the_mockers_chunked_prefill_time(profile: Profile) -> None:
     assert [p.isl for p in profile.prefill] == [256, 1024, 3000]
     for point in profile.prefill:
@@ -115,8 +120,7 @@ async def test_prefill_ttft_follows_the_mockers_chunked_prefill_time(profile: Pr
 
 
 async def test_decode_itl_follows_the_mockers_step_time(profile: Profile) -> None:
-    info = engine_info(block_size=16, kv_blocks=2048, max_num_seqs=32, context_length=8192, max_batched_tokens=1024)
-    plans = decode_points(SPEC, info)
+    plans = decode_points(SPEC, measured_engine_info())
     assert [(p.context, p.batch) for p in profile.decode] == [(p.context, p.batch) for p in plans]
     for plan, point in zip(plans, profile.decode, strict=True):
         expected = predicted_itl_s(plan)
@@ -132,8 +136,8 @@ async def test_decode_itl_grows_with_the_kv_the_batch_holds(profile: Profile) ->
     # Any two points the mocker sets at least twice apart are measured in that order. Neighbours in KV are
     # not compared: their steps differ by a fraction of a millisecond, less than a loaded machine's
     # sleeps run late.
-    info = engine_info(block_size=16, kv_blocks=2048, max_num_seqs=32, context_length=8192, max_batched_tokens=1024)
-    points = list(zip([predicted_itl_s(plan) for plan in decode_points(SPEC, info)], profile.decode, strict=True))
+    plans = decode_points(SPEC, measured_engine_info())
+    points = list(zip([predicted_itl_s(plan) for plan in plans], profile.decode, strict=True))
     pairs = [(a, b) for pa, a in points for pb, b in points if pb >= 2 * pa]
     assert pairs and all(b.itl_s > a.itl_s for a, b in pairs), pairs
 
