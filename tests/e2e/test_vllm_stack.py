@@ -2,8 +2,11 @@
 
 SmolLM2-135M-Instruct (weights prepared once into the user cache) on vLLM's CPU build, behind the
 frontend, Celery and Redis, asked through the ``openai`` client. One worker serves the module
-(vLLM starts in about a minute on CPU). Near the end a second worker joins for the migration test,
-which kills it; the last test kills the first one's engine, so it stays last.
+(vLLM starts in about a minute on CPU), with a second one for the migration test and vLLM's own
+server for the tests that compare answers with it, all three started side by side (a vLLM start is
+mostly one core's imports: three overlap on a 2-core machine). Tests that look at one worker name it
+(``x-sluice-router: worker_id=...``); the migration test kills the second worker, and the last test
+kills the first one's engine, so it stays last.
 
 Run in the vLLM environment: ``.venv-vllm/bin/python -m pytest -m vllm tests/e2e/test_vllm_stack.py``.
 """
@@ -16,6 +19,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -42,10 +46,26 @@ STALL_TIMEOUT_S = 10
 #: vLLM loads in about a minute on an idle 2-core machine; leave room for a busy one.
 START_TIMEOUT_S = 300
 WORKER = "vllm-1"
+#: The worker the migration test kills mid-stream.
+SECOND = "vllm-2"
+#: Pins a request to the module's first worker.
+ON_WORKER = {"x-sluice-router": f"worker_id={WORKER}"}
+#: The LoRA adapter (random weights) the stack loads at run time and vLLM's own server at its start.
+ADAPTER = "random-lora"
+
+
+@dataclass
+class Launched:
+    """The module's processes: the Sluice stack (two vLLM workers) and vLLM's own server (the parity
+    tests' reference), started side by side."""
+
+    stack: Stack
+    reference: VllmServer
+    adapter: Path
 
 
 @pytest.fixture(scope="module")
-def vllm_stack(redis_server) -> Iterator[Stack]:  # noqa: ANN001
+def launched(redis_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:  # noqa: ANN001
     s = Stack(redis_url=redis_server.url, namespace=f"vllm{uuid.uuid4().hex[:8]}", model_path=smollm2_weights_dir(),
               env_extra={"SLUICE_ENGINE": "vllm", "SLUICE_WORKER__VLLM__MAX_NUM_SEQS": "8",
                          "SLUICE_WORKER__VLLM__KV_CACHE_GIB": "1",
@@ -53,17 +73,29 @@ def vllm_stack(redis_server) -> Iterator[Stack]:  # noqa: ANN001
                          "SLUICE_WORKER__VLLM__OMP_THREADS": str(os.cpu_count() or 1),
                          "SLUICE_WORKER__VLLM__MAX_LORAS": "1",
                          "SLUICE_WORKER__VLLM__MAX_LORA_RANK": str(LORA_RANK)})
+    reference = None
     try:
         s.start_worker(WORKER)
+        s.start_worker(SECOND)
         # The frontend is pointed at no model directory at all: its tokenizer and chat template
         # can only come from what the worker registers.
         s.start_frontend(SLUICE_MODEL_PATH="/nonexistent/sluice-model",
                          SLUICE_FRONTEND__REASONING_PARSERS=json.dumps({MODEL: "think"}),
                          SLUICE_FRONTEND__STALL_TIMEOUT_S=str(STALL_TIMEOUT_S))
-        s.wait_ready(MODEL, workers=1, timeout=START_TIMEOUT_S)
-        yield s
+        adapter = make_adapter(smollm2_weights_dir(), tmp_path_factory.mktemp("lora") / ADAPTER)
+        # vLLM's own server on the same model, engine settings and adapter.
+        reference = VllmServer(smollm2_weights_dir(), MODEL, {ADAPTER: adapter})
+        s.wait_ready(MODEL, workers=2, timeout=START_TIMEOUT_S)
+        yield Launched(s, reference, adapter)
     finally:
+        if reference is not None:
+            reference.stop()
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_stack(launched: Launched) -> Stack:
+    return launched.stack
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +328,7 @@ def test_a_model_that_fails_to_load_stops_the_worker_before_it_registers(
     message = "no tokenizer" if case == "missing" else "failed to start"
     assert message in proc.tail(200)
     assert not _registered(vllm_stack, name)
-    assert vllm_stack.ready_workers().get(MODEL) == 1
+    assert vllm_stack.ready_workers().get(MODEL) == 2
 
 
 def _longest_prompt(tokenizer_json: Path, salt: str) -> list[int]:
@@ -330,22 +362,16 @@ def test_the_longest_prompt_the_model_accepts_succeeds_streamed_and_not(vllm_sta
 
 
 # ---- the same requests to vLLM's own server --------------------------------------------------------
-ADAPTER = "random-lora"
+@pytest.fixture(scope="module")
+def adapter(launched: Launched) -> Path:
+    return launched.adapter
 
 
 @pytest.fixture(scope="module")
-def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_adapter(smollm2_weights_dir(), tmp_path_factory.mktemp("lora") / ADAPTER)
-
-
-@pytest.fixture(scope="module")
-def reference(vllm_stack: Stack, adapter: Path) -> Iterator[openai.OpenAI]:
-    """vLLM's own server on the same model, engine settings and adapter (started after the stack)."""
-    server = VllmServer(smollm2_weights_dir(), MODEL, {ADAPTER: adapter}, START_TIMEOUT_S)
-    try:
-        yield openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
-    finally:
-        server.stop()
+def reference(launched: Launched) -> openai.OpenAI:
+    """vLLM's own server on the same model, engine settings and adapter (started beside the stack)."""
+    launched.reference.wait_up(START_TIMEOUT_S)
+    return openai.OpenAI(base_url=f"{launched.reference.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def test_a_lora_adapter_loads_at_run_time_and_answers_as_vllms_server_does(
@@ -428,10 +454,12 @@ def _engine_core(worker_pid: int) -> psutil.Process:
 
 
 def test_the_vllm_worker_serves_its_metrics_found_through_the_discovery(vllm_stack: Stack, client: openai.OpenAI) -> None:
-    client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
+    client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, extra_headers=ON_WORKER)
     groups = httpx.get(f"{vllm_stack.base_url}/prometheus/targets", timeout=10).json()
-    [worker] = [g for g in groups if g["labels"]["component"] == "worker"]
-    assert (worker["labels"]["worker"], worker["labels"]["engine"]) == (WORKER, "vllm")
+    workers = {g["labels"]["worker"]: g for g in groups if g["labels"]["component"] == "worker"}
+    assert sorted(workers) == [WORKER, SECOND]
+    worker = workers[WORKER]
+    assert worker["labels"]["engine"] == "vllm"
     url = f"http://{worker['targets'][0]}{worker['labels']['__metrics_path__']}"
 
     def sample(name: str, **labels: str) -> float:
@@ -473,21 +501,15 @@ def _story(client: openai.OpenAI, worker: str) -> openai.Stream:
 
 def test_a_killed_worker_s_stream_continues_on_the_other_with_the_same_text(
         vllm_stack: Stack, client: openai.OpenAI) -> None:
-    """Migration on the real model: a second worker joins, the one serving a greedy stream is
-    SIGKILLed mid-stream, and the stream continues on the module's worker, its text equal to that
-    worker's uninterrupted text. The signal reaches the worker process alone, as the OOM killer's
-    does: the vLLM engine core it started ends by itself (workers/engines/die_with_worker.py)."""
-    second = vllm_stack.start_worker("vllm-2")
-
-    def second_ready() -> bool:  # not Stack.wait_ready: the broken workers above have exited, as meant
-        assert second.popen.poll() is None, second.tail(200)
-        return vllm_stack.ready_workers().get(MODEL) == 2
-
-    wait_until(second_ready, START_TIMEOUT_S, "vllm-2 to register")
+    """Migration on the real model: the second worker, serving a greedy stream, is SIGKILLed mid-stream,
+    and the stream continues on the first, its text equal to that worker's uninterrupted text. The
+    signal reaches the worker process alone, as the OOM killer's does: the vLLM engine core it started
+    ends by itself (workers/engines/die_with_worker.py)."""
+    assert _registered(vllm_stack, SECOND), vllm_stack.procs[SECOND].tail(200)
     reference = list(_story(client, WORKER))
-    it = iter(_story(client, "vllm-2"))
+    it = iter(_story(client, SECOND))
     head = [next(it) for _ in range(10)]
-    vllm_stack.kill("vllm-2", alone=True)  # the worker process only: its engine core must end by itself
+    vllm_stack.kill(SECOND, alone=True)  # the worker process only: its engine core must end by itself
     moved = [*head, *it]
 
     def text(chunks: list) -> str:
@@ -502,11 +524,11 @@ def test_a_killed_worker_s_stream_continues_on_the_other_with_the_same_text(
 
 def test_zz_engine_death_fails_in_flight_requests_and_deregisters_the_worker(
         vllm_stack: Stack, client: openai.OpenAI) -> None:
-    """Runs last: it kills the module's engine."""
+    """Runs last, after the migration test killed the second worker: it kills the first one's engine."""
     worker = vllm_stack.procs[WORKER]
     stream = iter(client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Write a very long story about a lighthouse."}],
-        max_tokens=4000, temperature=0, stream=True, extra_body={"ignore_eos": True}))
+        max_tokens=4000, temperature=0, stream=True, extra_body={"ignore_eos": True}, extra_headers=ON_WORKER))
     for _ in range(3):  # the request is running on the engine
         next(stream)
     _engine_core(worker.popen.pid).kill()

@@ -34,9 +34,11 @@ def make_adapter(model_dir: Path, out: Path, seed: int = 0) -> Path:
 
 
 class VllmServer:
-    """``python -m vllm.entrypoints.openai.api_server`` serving ``name`` with the adapters given."""
+    """``python -m vllm.entrypoints.openai.api_server`` serving ``name`` with the adapters given, started
+    at once; :meth:`wait_up` waits until it answers (a caller may start other things meanwhile: a vLLM
+    start is mostly one core's imports)."""
 
-    def __init__(self, model_dir: Path, name: str, loras: dict[str, Path], start_timeout_s: float = 300) -> None:
+    def __init__(self, model_dir: Path, name: str, loras: dict[str, Path]) -> None:
         self.port = free_port()
         self.processes = Processes(prefix="sluice-test-vllm-server-")
         threads = str(os.cpu_count() or 1)
@@ -49,8 +51,11 @@ class VllmServer:
         self.proc = self.processes.spawn("vllm", argv, {**os.environ, "OMP_NUM_THREADS": threads,
                                                          "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                                                          "VLLM_RPC_BASE_PATH": str(self.processes.workdir)})
+
+    def wait_up(self, timeout_s: float = 300) -> None:
+        """Until the server answers; stops it if it does not (or exits) within ``timeout_s``."""
         try:
-            wait_until(self._up, start_timeout_s, "vLLM's OpenAI server", interval=0.5)
+            wait_until(self._up, timeout_s, "vLLM's OpenAI server", interval=0.5)
         except BaseException:
             self.processes.stop()
             raise
