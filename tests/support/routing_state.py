@@ -13,10 +13,12 @@ from bench.devstack import Proc, wait_until
 from core.keys import Keys
 
 
-def wait_workers_idle(index: redis.Redis, keys: Keys, model: str, workers: Iterable[str], refresh_s: float) -> None:
+def wait_workers_idle(index: redis.Redis, keys: Keys, model: str, workers: Iterable[str], refresh_s: float,
+                      settle_s: float = 0.0) -> None:
     """Until no routing prediction is left in ``index`` (the Redis holding the routing state), a
     heartbeat newer than this call reports every worker idle, and a frontend's registry snapshot
-    (refreshed every ``refresh_s``) has had time to take it in."""
+    (refreshed every ``refresh_s``) has had time to take it in: four refresh periods, or ``settle_s``
+    if longer (a test whose outcome turns on every frontend's snapshot being idle)."""
     since = time.time()
 
     def idle() -> bool:
@@ -30,7 +32,7 @@ def wait_workers_idle(index: redis.Redis, keys: Keys, model: str, workers: Itera
         return True
 
     wait_until(idle, 30, "idle workers")
-    time.sleep(4 * refresh_s)  # the snapshot refresh period, not a guess at how fast the workers are
+    time.sleep(max(4 * refresh_s, settle_s))  # the snapshot refresh period, not a guess at how fast the workers are
 
 
 def chat(client: openai.OpenAI, model: str, messages: list[dict], **kw: object) -> tuple[str, str, int, int]:
