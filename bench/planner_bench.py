@@ -389,7 +389,7 @@ def summarize(c: Config, layout: str, fleet: str, record: RunRecord, notes: dict
         out["flaps_all"] = flaps(actions, 2, {math.ceil(t) for t, _, _ in actions})
         out["decisions"] = [
             {"tick": d.tick, "kind": d.kind, "at": d.at,
-             "pools": {p.pool: [p.live, p.requested, p.target, p.action, p.reason] for p in d.pools},
+             "pools": {p.pool: [p.live, p.requested, p.target, p.action, p.reason, p.held] for p in d.pools},
              "predicted": [(m.predicted.rate, m.predicted.isl, m.predicted.osl) if m.predicted else None
                            for m in d.models],
              "corrections": [(m.prefill_correction, m.decode_correction) for m in d.models]}

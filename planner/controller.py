@@ -249,6 +249,9 @@ class Planner:
             plans = [threshold_plan(states[r], burst) for r in refs]
             if self.sla is not None and forecaster.history and forecast.isl > 0:
                 rise = self._sure_rise(model, forecast, corrections, so_far)
+                if so_far is not None and not rise and self.s.sure_rise_z > 0:  # what a hold's record says
+                    plans = [replace(p, reason=f"{p.reason}; {_so_far(so_far, forecast)}: not a sure rise")
+                             for p in plans]
                 plans = [self._with_floor(_at_least(p, *rise.get(p.ref, (0, ""))), states[p.ref], forecast,
                                           corrections, rising=p.ref in rise) for p in plans]
             return view, plans
@@ -275,8 +278,7 @@ class Planner:
             return {}
         sizes = self.sla.rise_replicas(model, self.s.layout, forecast, so_far.arrived, so_far.duration_s, c,
                                        self.s.sure_rise_z)
-        why = (f"a sure rise: {so_far.arrived} arrivals in {so_far.duration_s:.0f} s against "
-               f"{forecast.rate * so_far.duration_s:.1f} forecast")
+        why = f"a sure rise: {_so_far(so_far, forecast)}"
         return {ref: (n, f"{why}: {n} workers") for ref, n in sizes.items()}
 
     def _with_floor(self, plan: PoolPlan, state: PoolState, forecast: Forecast, c: Corrections,
@@ -295,7 +297,8 @@ class Planner:
         if not rising and not floor_allowed(memory, self.tick, self.s.cooldown_intervals,
                                             bounded(floor, self.s.min_replicas, self.s.max_replicas)):
             return replace(plan, reason=f"{plan.reason}; {why}: {floor} workers held (shrank from "
-                                        f"{memory.shrunk_from} at interval {memory.last_down})", sure_replicas=sure)
+                                        f"{memory.shrunk_from} at interval {memory.last_down})", sure_replicas=sure,
+                           held=bounded(floor, self.s.min_replicas, self.s.max_replicas))
         return replace(plan, replicas=floor, reason=f"{why}: {floor} workers now ({plan.reason})", sure_replicas=sure)
 
     async def _apply(self, kind: str, now: float, states: dict[PoolRef, PoolState], views: list[ModelView],
@@ -327,11 +330,12 @@ class Planner:
             note = notes[ref] if target == targets[ref] else f"{notes[ref]}, cut to {target} by the budget {self.s.budget}"
             action = "up" if target > before else "down" if target < before else "hold"
             state = states[ref]
+            held = targets[ref] if target < targets[ref] else plan.held if (plan.held or 0) > target else None
             pools.append(PoolDecision(
                 model=ref.model, pool=ref.pool.value, live=state.workers, draining=state.draining, requested=before,
                 wanted=wanted[ref], target=target, action=action, reason=f"{note}: {plan.reason}",
                 kv_usage=round(state.kv_usage, 4), pending=state.pending, expected_ttft_s=plan.expected_ttft_s,
-                expected_itl_s=plan.expected_itl_s))
+                expected_itl_s=plan.expected_itl_s, held=held))
             if action != "hold":
                 await self.connector.scale(ref, target, plan.reason)
         decision = Decision(at=now, kind=kind, mode=self.s.mode, connector=self.connector.name, tick=self.tick,
@@ -343,7 +347,7 @@ class Planner:
     async def _record(self, decision: Decision) -> None:
         self.last = decision
         self.metrics.observe(decision)
-        if decision.kind == "interval" or decision.actions:
+        if decision.kind == "interval" or decision.actions or decision.holds:
             for p in decision.pools:
                 log.info("planner %s: %s/%s %s %d -> %d (live %d, draining %d, wanted %d): %s", decision.kind,
                          p.model, p.pool, p.action, p.requested, p.target, p.live, p.draining, p.wanted, p.reason,
@@ -359,6 +363,11 @@ class Planner:
             history={m: list(f.history) for m, f in self.forecasters.items()},
             corrections={m: (c.prefill, c.decode, c.prefill_model, c.decode_model) for m, c in self.corrections.items()})
         await self.redis.set(self.keys.planner_state, encode(state))
+
+
+def _so_far(so_far: TrafficSample, forecast: Forecast) -> str:
+    return (f"{so_far.arrived} arrivals in {so_far.duration_s:.0f} s against "
+            f"{forecast.rate * so_far.duration_s:.1f} forecast")
 
 
 def _at_least(plan: PoolPlan, replicas: int, why: str) -> PoolPlan:

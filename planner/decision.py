@@ -46,6 +46,10 @@ class PoolDecision(msgspec.Struct, frozen=True, omit_defaults=True):
     pending: int = 0
     expected_ttft_s: float | None = None
     expected_itl_s: float | None = None
+    #: A size the pool was held from this tick: the floor within the cooldown of a shrink, or a growth
+    #: the budget cut (a fast tick is kept for these as for an action, so a run's record tells which
+    #: rule acted); None: nothing held.
+    held: int | None = None
 
 
 class Decision(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -62,6 +66,10 @@ class Decision(msgspec.Struct, frozen=True, omit_defaults=True):
     @property
     def actions(self) -> list[PoolDecision]:
         return [p for p in self.pools if p.action != "hold"]
+
+    @property
+    def holds(self) -> list[PoolDecision]:
+        return [p for p in self.pools if p.held is not None]
 
 
 class PlannerState(msgspec.Struct, omit_defaults=True):

@@ -103,6 +103,9 @@ class PoolPlan:
     #: the observed rate needs (planner.scaling.settle shrinks to it at once when it is fewer than the pool
     #: has); None: only hysteresis shrinks the pool.
     sure_replicas: int | None = None
+    #: ``sla`` mode: the size the load on the pool asked for and a rule held it from (the floor within
+    #: the cooldown of a shrink, planner.controller); None: nothing held.
+    held: int | None = None
 
 
 def threshold_plan(state: PoolState, thresholds: PlannerThresholds) -> PoolPlan:

@@ -84,12 +84,18 @@ async def test_shrinking_waits_for_two_intervals_and_draining_workers_do_not_cou
     assert (second.pools[0].action, second.pools[0].target) == ("down", 1)
 
 
-async def test_the_fast_path_grows_on_a_burst_between_intervals(redis, namespace) -> None:  # noqa: ANN001
+async def test_the_fast_path_grows_on_a_burst_between_intervals_and_keeps_only_the_ticks_that_acted(
+        redis, namespace) -> None:  # noqa: ANN001
     keys = Keys(namespace)
     await put_worker(redis, keys, "w0", usage=0.3, waiting=9)
-    p = planner(redis, keys, burst_queue=4.0)
+    p = planner(redis, keys, burst_queue=10.0)
+    assert await last_decisions(redis, keys) == []
+    await p.step("fast")  # 9 waiting, no burst yet: a quiet tick, not kept
+    assert await last_decisions(redis, keys) == []
+    p.s.burst_queue = 4.0
     decision = await p.step("fast")
     assert (decision.pools[0].action, decision.pools[0].target) == ("up", 3)  # 9 waiting, 4 a worker: 1 + 2
+    assert [d.kind for d in await last_decisions(redis, keys)] == ["fast"]
 
 
 async def test_the_sla_floor_grows_a_pool_on_the_load_there_but_not_back_just_after_a_shrink(redis, namespace) -> None:  # noqa: ANN001
@@ -101,8 +107,11 @@ async def test_the_sla_floor_grows_a_pool_on_the_load_there_but_not_back_just_af
     p.tick = 10
     p.memory[AGG].last_down, p.memory[AGG].shrunk_from = 9, 2  # hysteresis shrank the pool 2 -> 1 one interval ago
     held = await p.step("fast")
-    assert (held.pools[0].action, held.pools[0].target) == ("hold", 1)
+    assert (held.pools[0].action, held.pools[0].target, held.pools[0].held) == ("hold", 1, 2)
     assert "kv usage 0.80" in held.pools[0].reason and "2 workers held (shrank from 2 at interval 9)" in held.pools[0].reason
+    # A fast tick that held a pool is kept, as one that acted is (a quiet one is not).
+    [kept] = await last_decisions(redis, keys)
+    assert (kept.kind, kept.pools[0].held) == ("fast", 2)
     await put_worker(redis, keys, "w0", usage=0.85)  # 3 workers' worth: more than it had, so not a flap
     p.s.max_replicas = 2  # ... unless the bounds keep it at the size it had
     assert (await p.step("fast")).pools[0].action == "hold"
@@ -142,6 +151,9 @@ async def test_a_sure_rise_in_the_interval_so_far_grows_the_pool_at_once_even_ju
     [pool] = (await p.step("fast")).pools
     assert (pool.action, pool.target) == ("up" if target > 1 else "hold", target)
     assert why in pool.reason
+    assert pool.held == (2 if target == 1 else None)
+    if target == 1 and rise_z > 0:  # the record says what the interval so far was, and that it was noise
+        assert f"{arrived} arrivals in 20 s against 2.0 forecast: not a sure rise" in pool.reason
     # The fast path only looked: the interval still counts its arrivals from its start.
     clock[0] = 160.0
     [view] = (await p.step("interval")).models
@@ -183,7 +195,7 @@ async def test_the_budget_and_bounds_hold(redis, namespace) -> None:  # noqa: AN
 async def test_the_fast_path_grows_a_pool_only_into_what_the_budget_leaves_and_never_cuts_another(
         redis, namespace) -> None:  # noqa: ANN001
     keys = Keys(namespace)
-    await put_worker(redis, keys, "p0", usage=0.9, pool=Pool.PREFILL, waiting=24)  # a burst: 7 workers wanted
+    await put_worker(redis, keys, "p0", usage=0.9, pool=Pool.PREFILL, waiting=24)  # a burst: 6 workers wanted
     for i in range(7):
         await put_worker(redis, keys, f"d{i}", usage=0.1, pool=Pool.DECODE)
     p = planner(redis, keys, layout="disagg", max_replicas=8, budget=10)
@@ -191,6 +203,7 @@ async def test_the_fast_path_grows_a_pool_only_into_what_the_budget_leaves_and_n
     pools = {x.pool: x for x in decision.pools}
     assert (pools["prefill"].action, pools["prefill"].target) == ("up", 3)  # 10 less the decode pool's 7
     assert (pools["decode"].action, pools["decode"].target) == ("hold", 7)
+    assert pools["prefill"].held == pools["prefill"].wanted > 3 and pools["decode"].held is None  # the budget's cut
 
 
 async def test_traffic_is_read_from_the_frontends_counters_and_predicted(redis, namespace) -> None:  # noqa: ANN001
