@@ -195,8 +195,11 @@ async def test_tiers_serve_beside_nixl(scenario: Scenario) -> None:
     """Engine A ran NIXL and the tiers through MultiConnector, as a prefill or decode worker's engine does:
     an aggregated request still offloads (above) and onboards after the prefix cache is cleared."""
     assert scenario.connector_a == "MultiConnector"
-    assert scenario.again["P"].tokens == scenario.cold["P"].tokens
-    assert scenario.stats_a.hits.get("host", 0) >= len(scenario.prompts["P"]) // BLOCK - 1
+    again, full = scenario.again["P"], len(scenario.prompts["P"]) // BLOCK
+    assert again.tokens == scenario.cold["P"].tokens
+    # Every full block of the prompt, onboarded from the host tier (its device cache was cleared).
+    assert again.usage is not None and again.usage.cached_tokens == full * BLOCK
+    assert scenario.stats_a.hits["host"] == full
 
 
 def test_default_has_no_connector() -> None:
