@@ -294,11 +294,11 @@ class Planner:
         memory = self.memory[plan.ref]
         # The load already on the pool is not a fall, whatever the rate says: no sure shrink under it.
         sure = None if plan.sure_replicas is None else max(plan.sure_replicas, floor)
-        if not rising and not floor_allowed(memory, self.tick, self.s.cooldown_intervals,
-                                            bounded(floor, self.s.min_replicas, self.s.max_replicas)):
+        within = bounded(floor, self.s.min_replicas, self.s.max_replicas)
+        if not rising and not floor_allowed(memory, self.tick, self.s.cooldown_intervals, within):
             return replace(plan, reason=f"{plan.reason}; {why}: {floor} workers held (shrank from "
                                         f"{memory.shrunk_from} at interval {memory.last_down})", sure_replicas=sure,
-                           held=bounded(floor, self.s.min_replicas, self.s.max_replicas))
+                           held=within)
         return replace(plan, replicas=floor, reason=f"{why}: {floor} workers now ({plan.reason})", sure_replicas=sure)
 
     async def _apply(self, kind: str, now: float, states: dict[PoolRef, PoolState], views: list[ModelView],
@@ -330,7 +330,11 @@ class Planner:
             note = notes[ref] if target == targets[ref] else f"{notes[ref]}, cut to {target} by the budget {self.s.budget}"
             action = "up" if target > before else "down" if target < before else "hold"
             state = states[ref]
-            held = targets[ref] if target < targets[ref] else plan.held if (plan.held or 0) > target else None
+            held = None  # a size this tick kept the pool from: the budget's cut, else the floor's hold
+            if target < targets[ref]:
+                held = targets[ref]
+            elif plan.held is not None and plan.held > target:
+                held = plan.held
             pools.append(PoolDecision(
                 model=ref.model, pool=ref.pool.value, live=state.workers, draining=state.draining, requested=before,
                 wanted=wanted[ref], target=target, action=action, reason=f"{note}: {plan.reason}",

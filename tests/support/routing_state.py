@@ -32,7 +32,8 @@ def wait_workers_idle(index: redis.Redis, keys: Keys, model: str, workers: Itera
         return True
 
     wait_until(idle, 30, "idle workers")
-    time.sleep(max(4 * refresh_s, settle_s))  # the snapshot refresh period, not a guess at how fast the workers are
+    # Snapshot refresh periods (not a guess at how fast the workers are), or the caller's longer margin.
+    time.sleep(max(4 * refresh_s, settle_s))
 
 
 def chat(client: openai.OpenAI, model: str, messages: list[dict], **kw: object) -> tuple[str, str, int, int]:
