@@ -136,7 +136,10 @@ async def test_a_database_outage_during_traffic_loses_no_usage_row(
         second = bookkeeper(tmp_path, redis_server, namespace, pg_db.url, tokenizer_dir).start()
         stop_later.append(second)
         await asyncio.to_thread(wait_until, lambda: "Retry in" in second.log(), 60, "the new bookkeeper to retry too")
-        assert held_by_bookkeepers(redis_client, Keys(namespace)) > 0, "a retrying bookkeeper holds its messages unacked"
+        # A retry publishes its copy and then acks the original, so for a moment between that ack and the
+        # worker taking the copy back (to hold it through its countdown) nothing is unacked: wait for it.
+        await asyncio.to_thread(wait_until, lambda: held_by_bookkeepers(redis_client, Keys(namespace)) > 0, 30,
+                                "the retrying bookkeeper to hold its retry copies unacked")
         assert count_rows_or_none(pg_db.url) is None
     finally:
         pg_db.accept_connections()
