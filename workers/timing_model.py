@@ -64,15 +64,27 @@ class TimingFit:
 
 
 #: The prefill's per-token and quadratic coefficients: a prompt never gets cheaper as it grows, so a fit
-#: that makes either negative (noisy steps, or prompts of a narrow range) refits without it.
+#: that makes either negative (noisy steps, or prompts of a narrow range) refits without it. When that
+#: would leave no term that grows with the prompt, the fit makes prefill proportional to it instead
+#: (``p1`` alone, no constant): steps of a few similar prompts cannot tell a constant from a slope, and
+#: a flat prefill would price a 4,000-token prompt like a 30-token one.
 _NON_NEGATIVE = (1, 2)
+
+#: The span of KV usage the decoding steps must cover for the fit to tell how decode time grows with it:
+#: linearly from :data:`LINEAR_USAGE_SPAN`, as a parabola from :data:`QUADRATIC_USAGE_SPAN`. Below, those
+#: terms stay 0. Over a narrow span (a small model's few requests use 1-3% of its cache) a few ms of noise
+#: are slopes of thousands of ms per unit of usage, and routers read the model at any usage from 0 to 1: a
+#: vLLM worker's fit from steps at usages 0.005-0.02 predicted an idle step at twice the steps' mean.
+LINEAR_USAGE_SPAN = 0.05
+QUADRATIC_USAGE_SPAN = 0.25
 
 
 def fit(steps: Iterable[tuple[int, bool, float, float]]) -> TimingModel | None:
     """The least-squares model of ``steps``, (tokens, decoding, usage, ms) tuples, with ``p1`` and
     ``p2`` kept at 0 or above (the most negative one is dropped and the rest refitted, until none is
-    negative); None when they cannot tell its parts apart (no step with prefill, or none with decode,
-    leaves those at 0)."""
+    negative; prefill made proportional to the prompt when neither is left) and the usage terms left at
+    0 when the decoding steps' usages span too little to show them (:data:`LINEAR_USAGE_SPAN`); None when they cannot tell its parts apart (no step with prefill, or none
+    with decode, leaves those at 0)."""
     data = np.asarray(list(steps), dtype=np.float64)
     if data.size == 0:
         return None
@@ -81,6 +93,10 @@ def fit(steps: Iterable[tuple[int, bool, float, float]]) -> TimingModel | None:
     used = scale > 0
     if not used.any():
         return None
+    usage = data[data[:, 1] > 0, 2]
+    span = float(usage.max() - usage.min()) if usage.size else 0.0
+    used[4] &= span >= LINEAR_USAGE_SPAN
+    used[5] &= span >= QUADRATIC_USAGE_SPAN
     while True:
         coef = np.zeros(FIELDS)
         sol, *_ = np.linalg.lstsq(x[:, used] / scale[used], data[:, 3], rcond=None)
@@ -89,3 +105,5 @@ def fit(steps: Iterable[tuple[int, bool, float, float]]) -> TimingModel | None:
         if not negative:
             return TimingModel((coef[0], coef[1], coef[2]), (coef[3], coef[4], coef[5]))
         used[min(negative, key=lambda i: coef[i] * scale[i])] = False
+        if used[0] and not used[1] and not used[2]:
+            used[0], used[1] = False, True

@@ -92,3 +92,35 @@ def test_noisy_steps_never_make_a_longer_prompt_cheaper() -> None:
     assert model is not None and model.prefill[1] >= 0 and model.prefill[2] >= 0
     assert model.prefill_ms(4000) > model.prefill_ms(700) > model.prefill_ms(100) > 0
     assert model.decode_ms(0.5) == pytest.approx(150, abs=10)
+
+
+def test_decode_steps_at_nearly_one_usage_fit_a_constant_not_a_wild_curve() -> None:
+    """A small model's few requests hold 1-3% of its cache: noisy decode steps over that span would fit
+    slopes that predict an idle worker (usage 0) or a full one far from anything measured. The fit keeps
+    decode time constant there (their mean), and fits the usage terms once the steps span enough of it."""
+    rng = random.Random(5)
+    narrow = [(0, True, rng.uniform(0.005, 0.03), 58 + rng.gauss(0, 15)) for _ in range(200)]
+    narrow += [(t, False, 0.0, 30 + 0.2 * t) for t in (rng.randrange(20, 400) for _ in range(50))]
+    model = fit(narrow)
+    assert model is not None and model.decode[1:] == (0.0, 0.0)
+    mean = sum(ms for _, decoding, _, ms in narrow if decoding) / 200
+    assert model.decode_ms(0.0) == pytest.approx(mean, rel=1e-6) == model.decode_ms(1.0)
+
+    wide = [(0, True, u, 20 + 40 * u) for u in (rng.uniform(0.0, 0.2) for _ in range(200))]
+    linear = fit(wide)
+    assert linear is not None and linear.decode == pytest.approx((20, 40, 0), abs=1e-6)
+
+
+def test_a_few_similar_prompts_fit_a_prefill_that_grows_with_the_prompt() -> None:
+    """Steps of prompts of 28-34 tokens whose noise slopes downwards leave no per-token term to a plain
+    non-negative fit, and a flat prefill would price a 4,000-token prompt like a 30-token one; the fit
+    makes prefill proportional to the prompt instead, through the steps' mean."""
+    rng = random.Random(11)
+    steps = [(t, False, 0.0, 60 - 0.8 * t + rng.gauss(0, 2)) for t in (rng.randrange(28, 35) for _ in range(20))]
+    steps += [(0, True, 0.01, 50 + rng.gauss(0, 5)) for _ in range(100)]
+    model = fit(steps)
+    assert model is not None and model.prefill[0] == 0 and model.prefill[2] == 0
+    assert model.prefill_ms(4000) > model.prefill_ms(100) > 0
+    prefill = [(t, ms) for t, decoding, _, ms in steps if not decoding]
+    mean_ms = sum(ms for _, ms in prefill) / len(prefill)
+    assert model.prefill_ms(31) == pytest.approx(mean_ms, rel=0.1)
