@@ -18,6 +18,10 @@ come back after think times long enough for other traffic to have evicted them. 
   alone credited, and ``all tiers, time cost, half credit``: that cost with half the tiers' credit;
 * ``host+disk, time cost`` and ``host+disk, time cost, half credit``: the same two routings with the local
   tiers alone (no shared tier: only the worker that offloaded a block can onboard it);
+* ``all tiers, oracle`` and ``host+disk, oracle``: the same tiers routed by a reference no router could run
+  (bench.oracle_policy: each engine's real cache and queue, the shortest predicted first step), counting
+  device blocks alone, and ``..., oracle, tiers``: the same reference also counting what each engine's tiers
+  would onboard and the read's time, to show what knowing the tiers can buy a router on this trace;
 
 and the routing-quality workload of bench.router_quality (its defaults: a cache that holds the working
 set better) with all tiers, routed on device blocks alone and with half and full credit.
@@ -60,7 +64,13 @@ from workers.kvbm.tiers import KvTiers
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIGS = ("off", "host", "host+disk", "host+disk+shared", "all tiers, half credit", "all tiers, full credit",
            "all tiers, time cost", "all tiers, time cost, half credit", "host+disk, time cost",
-           "host+disk, time cost, half credit")
+           "host+disk, time cost, half credit", "all tiers, oracle", "all tiers, oracle, tiers", "host+disk, oracle",
+           "host+disk, oracle, tiers")
+#: The rows routed by a reference no router could run (bench.oracle_policy: the engines' real state, the
+#: shortest predicted first step), without and with what each engine's tiers would onboard: whether
+#: knowing the tiers can pay on this trace at all. The others route with the ``kv`` policy.
+POLICY = {"all tiers, oracle": "oracle", "all tiers, oracle, tiers": "oracle, tiers",
+          "host+disk, oracle": "oracle", "host+disk, oracle, tiers": "oracle, tiers"}
 #: The routing of the rows that change it (RouterSettings fields); the others route as the deployment
 #: does (the block cost, device blocks alone credited).
 ROUTING: dict[str, dict[str, Any]] = {
@@ -131,8 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
                               f"requests, working set ~{ws:.1f}x the fleet's device KV")
                 for config in args.configs:
                     _fresh(server, Path(tmp))
-                    r = simulate(server.url, "kv", workload, args.workers, mocker, seed, _router(config),
-                                 tiers=_tiers(config, kvbm))
+                    r = simulate(server.url, POLICY.get(config, "kv"), workload, args.workers, mocker, seed,
+                                 _router(config), tiers=_tiers(config, kvbm))
                     rows.append(_row(config, "long-context", r) | {"working_set_over_fleet_kv": ws})
                     _print(console, rows[-1])
                 _fresh(server, Path(tmp))
@@ -280,7 +290,8 @@ def _ratios(rows: list[dict]) -> dict[str, float]:
     cost``'s (the same with the time cost) (means over seeds)."""
     out: dict[str, float] = {}
     for workload in sorted({r["workload"] for r in rows}):
-        for base in ("off", "host+disk+shared", "all tiers, time cost", "host+disk, time cost"):
+        for base in ("off", "host+disk+shared", "all tiers, time cost", "host+disk, time cost", "all tiers, oracle",
+                     "host+disk, oracle"):
             for config in sorted({r["config"] for r in rows if r["workload"] == workload} - {base, "off"}):
                 for key in ("ttft_mean_ms", "ttft_return_mean_ms"):
                     a, b = _mean(rows, workload, config, key), _mean(rows, workload, base, key)

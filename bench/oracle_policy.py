@@ -25,15 +25,22 @@ from workers.engines.mocker.timing import decode_ms, prefill_ms
 class TtftOracle:
     """The ``oracle`` row of bench.router_quality (same interface as router.policies.Policy)."""
 
-    def __init__(self, engines: Mapping[str, MockerEngine], rng: random.Random) -> None:
+    def __init__(self, engines: Mapping[str, MockerEngine], rng: random.Random, tiers: bool = False) -> None:
         self.engines = engines
         self.rng = rng
+        #: Also know what each engine's KV tiers would onboard, and the read's time (the ``oracle, tiers`` rows
+        #: of bench.kvbm_bench); off: only the device cache's hit counts, as with no tiers.
+        self.tiers = tiers
 
     def predicted_ms(self, engine: MockerEngine, token_ids: Sequence[int], lora: str | None) -> float:
         own = len(token_ids) - engine.prompt_hit_tokens(token_ids, lora)
+        onboard_ms = 0.0
+        if self.tiers:
+            read, seconds = engine.prompt_tier_read(token_ids, lora)
+            own, onboard_ms = own - read, seconds * 1000.0
         load = engine.load()
         step = prefill_ms(engine.pending_prefill_tokens() + own)
-        return step + (decode_ms(load.active_blocks / load.total_blocks) if load.running else 0.0)
+        return onboard_ms + step + (decode_ms(load.active_blocks / load.total_blocks) if load.running else 0.0)
 
     async def choose(self, request: RouteRequest, workers: Sequence[LiveWorker]) -> RouteDecision:
         scored = [(self.predicted_ms(self.engines[w.record.worker_id], request.token_ids, request.lora),

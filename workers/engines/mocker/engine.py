@@ -220,6 +220,20 @@ class MockerEngine(Engine):
         hit = self._scheduler.kv.cached_prefix(block_hashes(token_ids, bs, self._root(lora)))
         return min(hit, (len(token_ids) - 1) // bs) * bs
 
+    def prompt_tier_read(self, token_ids: Sequence[int], lora: str | None = None) -> tuple[int, float]:
+        """Past the prefix cache's hit, the prompt tokens this engine's KV tiers would onboard if ``token_ids``
+        were admitted now, and the simulated seconds of that read (as at admission: only the tiers worth
+        reading, the leading run held; the shared tier asked as the onboard asks it). (0, 0.0) without tiers."""
+        tiers = self.tiers
+        if tiers is None:
+            return 0, 0.0
+        bs = self.settings.block_size
+        chain = block_hashes(token_ids, bs, self._root(lora))
+        hit = self._scheduler.kv.cached_prefix(chain)
+        rest = chain[hit:(len(token_ids) - 1) // bs]
+        read = tiers.peek(rest)
+        return len(read) * bs, tiers.simulated_s(read) if read else 0.0
+
     def pending_prefill_tokens(self) -> int:
         """Prompt tokens admitted or waiting whose KV is not computed yet (cache hits of waiting requests
         not subtracted: they are known only at admission)."""
