@@ -455,6 +455,12 @@ def _engine_core(worker_pid: int) -> psutil.Process:
 
 def test_the_vllm_worker_serves_its_metrics_found_through_the_discovery(vllm_stack: Stack, client: openai.OpenAI) -> None:
     client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, extra_headers=ON_WORKER)
+    # Steps enough for the worker's timing fit (TimingFit.min_steps) over prompts of several lengths, whatever
+    # this module ran before.
+    for words in (40, 200, 500):
+        story = [{"role": "user", "content": f"Story {words}: " + " ".join(["river"] * words)}]
+        client.chat.completions.create(model=MODEL, messages=story, max_tokens=8, temperature=0,
+                                       extra_headers=ON_WORKER)
     groups = httpx.get(f"{vllm_stack.base_url}/prometheus/targets", timeout=10).json()
     workers = {g["labels"]["worker"]: g for g in groups if g["labels"]["component"] == "worker"}
     assert sorted(workers) == [WORKER, SECOND]
@@ -480,16 +486,22 @@ def test_the_vllm_worker_serves_its_metrics_found_through_the_discovery(vllm_sta
     # The worker's own step-time model, fitted on vLLM's timed steps, travels with its load: it
     # predicts what the steps measured (decode-only steps, at the usages they ran at).
     r = redis.Redis.from_url(vllm_stack.redis_url)
+
+    def load() -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in r.hgetall(Keys(vllm_stack.namespace).load(WORKER)).items()}
+
     try:
-        load = {k.decode(): v.decode() for k, v in r.hgetall(Keys(vllm_stack.namespace).load(WORKER)).items()}
+        wait_until(lambda: TimingModel.decode_text(load().get("timing", "")) is not None, 10,
+                   "a heartbeat to carry the fitted model")
+        last = load()
     finally:
         r.close()
-    timing = TimingModel.decode_text(load.get("timing", ""))
-    assert timing is not None, load
+    timing = TimingModel.decode_text(last.get("timing", ""))
+    assert timing is not None, last
     assert timing.prefill_ms(4000) > timing.prefill_ms(100) > 0
     measured_ms = 1000 * sample("sluice_worker_step_duration_seconds_sum", phase="decode") / \
         sample("sluice_worker_step_duration_seconds_count", phase="decode")
-    assert 0.5 < timing.decode_ms(float(load["active_blocks"]) / float(load["total_blocks"])) / measured_ms < 2
+    assert 0.5 < timing.decode_ms(float(last["active_blocks"]) / float(last["total_blocks"])) / measured_ms < 2
 
 
 def _story(client: openai.OpenAI, worker: str) -> openai.Stream:
