@@ -65,6 +65,26 @@ def _logs(stack: Stack, what: object, *names: str) -> str:
     return "\n".join([str(what), *(f"--- {n}:\n{stack.processes.procs[n].tail(60)}" for n in names)])
 
 
+def _prefill_seen(stack: Stack) -> None:
+    """Until the frontend's worker snapshot holds the prefill worker. A machine starved of CPU (p1 still
+    computing a prefill the test before cancelled, on two cores) can hold a worker's heartbeat past its
+    lease; the frontend then rightly computes prompts on the decode worker until the worker renews it,
+    and a test of the disaggregated path must not start in that moment."""
+    def seen() -> bool:
+        try:
+            body = httpx.get(f"{stack.base_url}/ready", timeout=2).json()
+        except httpx.HTTPError:
+            return False
+        return body.get("pools", {}).get(MODEL, {}).get("prefill", 0) >= 1
+    wait_until(seen, 30, "the frontend to see the prefill worker")
+
+
+def _prefilled_on_p1(stack: Stack, resp: httpx.Response) -> None:
+    assert resp.status_code == 200 and resp.headers.get("x-sluice-prefill-worker") == "p1", _logs(
+        stack, f"{resp.status_code}, prefill computed where {resp.headers.get('x-sluice-disagg-reason')!r} put it",
+        *stack.processes.procs)
+
+
 @pytest.fixture
 def r(redis_server) -> Iterator[redis.Redis]:  # noqa: ANN001
     client = redis.Redis.from_url(redis_server.url)
@@ -145,9 +165,10 @@ def test_a_client_that_leaves_during_the_prefill_cancels_it_on_the_prefill_worke
         pd: Stack, r: redis.Redis) -> None:
     keys = Keys(pd.namespace)
     body = {"model": MODEL, "prompt": LONG.replace("fox", "owl") * 2, "max_tokens": 16, "stream": True}
+    _prefill_seen(pd)
     with httpx.stream("POST", f"{pd.base_url}/v1/completions", json=body, timeout=60,
                       headers={"x-sluice-router": "worker_id=d1"}) as resp:
-        assert resp.status_code == 200 and resp.headers["x-sluice-prefill-worker"] == "p1"
+        _prefilled_on_p1(pd, resp)
         wait_until(lambda: busy(r, pd, "p1"), 30, "p1 to take the prefill")
     hung_up = time.monotonic()
     wait_idle(r, pd, "p1", "d1", timeout=20)
@@ -171,10 +192,11 @@ def test_a_transfer_that_fails_is_computed_on_the_decode_worker(pd: Stack, r: re
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stream": True}
     texts: list[str] = []
     request_id = ""
+    _prefill_seen(pd)
     try:
         with httpx.stream("POST", f"{pd.base_url}/v1/completions", json=body, timeout=300,
                           headers={"x-sluice-router": "worker_id=d1, disagg=on"}) as resp:
-            assert resp.status_code == 200 and resp.headers["x-sluice-prefill-worker"] == "p1"
+            _prefilled_on_p1(pd, resp)
             wait_until(lambda: busy(r, pd, "p1"), 60, "p1 to take the prefill")
             pd.signal("d1", signal.SIGSTOP)  # the prefill takes seconds: d1 stops well before the hand-off
             for line in resp.iter_lines():
