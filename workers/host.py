@@ -226,6 +226,9 @@ class EngineHost:
                 began = time.monotonic()
                 fresh = await self.registry.heartbeat(self.record, self._load(), self.settings.worker.lease_ttl_s)
                 if fresh is not None:  # re-registered (Redis lost our lease): the index must be rebuilt
+                    log.warning("worker %s registered again: its lease lapsed (the last renewal Redis took was "
+                                "%.1f s ago, the lease is %.1f s; a stalled process or machine, or Redis restarted)",
+                                self.identity.worker_id, began - renewed_at, self.settings.worker.lease_ttl_s)
                     self.record = fresh
                     await self._drop_lapsed(renewed_at if failed_at is None else failed_at)
                     await self._publish_kv_state(fresh.slot)
