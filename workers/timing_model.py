@@ -83,8 +83,8 @@ def fit(steps: Iterable[tuple[int, bool, float, float]]) -> TimingModel | None:
     """The least-squares model of ``steps``, (tokens, decoding, usage, ms) tuples, with ``p1`` and
     ``p2`` kept at 0 or above (the most negative one is dropped and the rest refitted, until none is
     negative; prefill made proportional to the prompt when neither is left) and the usage terms left at
-    0 when the decoding steps' usages span too little to show them (:data:`LINEAR_USAGE_SPAN`); None when they cannot tell its parts apart (no step with prefill, or none
-    with decode, leaves those at 0)."""
+    0 when the decoding steps' usages span too little to show them (:data:`LINEAR_USAGE_SPAN`); None when
+    they cannot tell its parts apart (no step with prefill, or none with decode, leaves those at 0)."""
     data = np.asarray(list(steps), dtype=np.float64)
     if data.size == 0:
         return None

@@ -16,6 +16,7 @@ prefix index; the shared tier's are model-wide (any worker can onboard them).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -225,22 +226,27 @@ class KvTiers:
     def lookup(self, block_hashes: Sequence[int]) -> int:
         """How many leading blocks of a chain some tier holds (the shared tier asked in one bounded
         round trip; a down shared tier counts as holding nothing)."""
-        n = 0
+        return len(self.locate(block_hashes))
+
+    def locate(self, block_hashes: Sequence[int], tiers: Collection[str] | None = None) -> list[str]:
+        """The tier an onboard would read each block of the chain's leading run from, reading nothing
+        (``tiers``: only these, as in :meth:`onboard`; a down shared tier counts as holding nothing)."""
+        local = self.local if tiers is None else [t for t in self.local if t.name in tiers]
+        shared = self.shared if tiers is None or "shared" in tiers else None
+        found: list[str] = []
         for h in block_hashes:
-            if not any(h in t for t in self.local):
+            tier = next((t for t in local if h in t), None)
+            if tier is None:
                 break
-            n += 1
-        if n == len(block_hashes) or self.shared is None:
-            return n
+            found.append(tier.name)
+        if len(found) == len(block_hashes) or shared is None:
+            return found
         try:
-            found = self.shared.exists_many(list(block_hashes[n:]))
+            held = shared.exists_many(list(block_hashes[len(found):]))
         except TierDown:
-            return n
-        for ok in found:
-            if not ok:
-                break
-            n += 1
-        return n
+            return found
+        found.extend("shared" for _ in itertools.takewhile(bool, held))
+        return found
 
     def onboard(self, block_hashes: Sequence[int], parent: int | None = None,
                 tiers: Collection[str] | None = None) -> TierRead:

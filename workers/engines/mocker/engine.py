@@ -35,7 +35,7 @@ from pathlib import Path
 from core.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
 from core.messages import LORA, AllBlocksCleared, FinishReason, Usage
 from core.settings import MockerSettings
-from router.hashing import block_hashes, root_hash
+from router.hashing import BlockHash, block_hashes, root_hash
 from router.registry import WorkerLoad
 from workers.engines.base import (
     Engine,
@@ -216,9 +216,8 @@ class MockerEngine(Engine):
     def prompt_hit_tokens(self, token_ids: Sequence[int], lora: str | None = None) -> int:
         """Prompt tokens the prefix cache would reuse if ``token_ids`` were admitted now (as at
         admission: whole leading blocks, the last prompt token always computed)."""
-        bs = self.settings.block_size
-        hit = self._scheduler.kv.cached_prefix(block_hashes(token_ids, bs, self._root(lora)))
-        return min(hit, (len(token_ids) - 1) // bs) * bs
+        _, hit = self._prompt_chain(token_ids, lora)
+        return hit * self.settings.block_size
 
     def prompt_tier_read(self, token_ids: Sequence[int], lora: str | None = None) -> tuple[int, float]:
         """Past the prefix cache's hit, the prompt tokens this engine's KV tiers would onboard if ``token_ids``
@@ -227,12 +226,16 @@ class MockerEngine(Engine):
         tiers = self.tiers
         if tiers is None:
             return 0, 0.0
-        bs = self.settings.block_size
-        chain = block_hashes(token_ids, bs, self._root(lora))
-        hit = self._scheduler.kv.cached_prefix(chain)
-        rest = chain[hit:(len(token_ids) - 1) // bs]
-        read = tiers.peek(rest)
-        return len(read) * bs, tiers.simulated_s(read) if read else 0.0
+        chain, hit = self._prompt_chain(token_ids, lora)
+        read = tiers.peek(chain[hit:])
+        return len(read) * self.settings.block_size, tiers.simulated_s(read) if read else 0.0
+
+    def _prompt_chain(self, token_ids: Sequence[int], lora: str | None) -> tuple[list[BlockHash], int]:
+        """The prompt's block hashes that admission would consider (whole blocks, the last prompt token
+        always computed) and how many leading ones the prefix cache holds."""
+        chain = block_hashes(token_ids, self.settings.block_size, self._root(lora))
+        chain = chain[:(len(token_ids) - 1) // self.settings.block_size]
+        return chain, self._scheduler.kv.cached_prefix(chain)
 
     def pending_prefill_tokens(self) -> int:
         """Prompt tokens admitted or waiting whose KV is not computed yet (cache hits of waiting requests

@@ -11,7 +11,6 @@ count blocks at ``kv_bytes_per_block`` (workers.kvbm.host).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Sequence
 from typing import cast
@@ -21,7 +20,6 @@ from core.settings import KvbmSettings, MockerSettings
 from workers.engines.base import EngineKvEvent, KvEventSink, emit_kv_events
 from workers.engines.mocker.timing import prefill_ms
 from workers.kvbm.credit import configured_onboard_s, format_credits, tier_credits
-from workers.kvbm.shared import TierDown
 from workers.kvbm.tiers import Block, KvTiers, TierEvent
 
 #: How often tier changes made off the event loop (the offload thread's) are sent on when no step runs.
@@ -104,22 +102,8 @@ class MockerTiers:
 
     def peek(self, chain: Sequence[int]) -> list[str]:
         """The tier an onboard of ``chain`` now would read each block of its leading run from (only the tiers
-        worth reading; a down shared tier holds nothing), reading nothing (a simulation's reference policy)."""
-        local = [t for t in self.store.local if t.name in self.worth]
-        read: list[str] = []
-        for h in chain:
-            tier = next((t for t in local if h in t), None)
-            if tier is None:
-                break
-            read.append(tier.name)
-        shared = self.store.shared
-        if len(read) < len(chain) and shared is not None and "shared" in self.worth:
-            try:
-                found = shared.exists_many(list(chain[len(read):]))
-            except TierDown:
-                found = []
-            read.extend("shared" for _ in itertools.takewhile(bool, found))
-        return read
+        worth reading), reading nothing (a simulation's reference policy)."""
+        return self.store.locate(chain, self.worth)
 
     async def onboard(self, chain: Sequence[int], parent: int | None) -> int:
         """Read the leading run of ``chain`` (whose first block's parent is ``parent``) the tiers hold and
