@@ -16,6 +16,9 @@ day of bench.planner_trace (one planner interval per step; ``--step-s`` real sec
 * ``oracle``: the offline schedule (bench.planner_trace.oracle), applied at each step by the bench with
   the same local connector, each step's workers started one step early (it knows the future).
 * ``static-peak`` and ``static-mean``: fixed fleets from the oracle's schedule.
+* ``causal``: the offline sizing of bench.planner_trace.causal with the planner's defaults (each step on
+  the previous one's arrivals, its hysteresis and sure shrink, no fast path), applied at each step's start:
+  what sizing on the past alone, at the offline bound's worker-seconds (bench.planner_bounds), meets live.
 * ``dynamo``: Dynamo 1.6.1's planner's decisions for the same day (bench.planner_dynamo, from its own
   code in the anchor's venv), applied as a schedule; left out when the anchor is not installed.
 
@@ -59,10 +62,13 @@ from bench.planner_trace import (
     Arrival,
     Schedule,
     action_times,
+    actions_of,
     arrivals,
     attainment,
+    causal,
     flaps,
     oracle,
+    realized_rates,
     static,
     steady_intervals,
 )
@@ -104,6 +110,8 @@ class Config:
     sure_shrink_z: float = PlannerSettings().sure_shrink_z
     #: The sla mode's sure rise (standard deviations of the interval so far above the forecast; 0: off).
     sure_rise_z: float = PlannerSettings().sure_rise_z
+    #: The sla mode's floor grows a pool only on arrivals this many deviations above the forecast (0: always).
+    floor_rise_z: float = PlannerSettings().floor_rise_z
 
 
 def worker_env(c: Config) -> dict[str, str]:
@@ -240,7 +248,7 @@ def planner_env(c: Config, layout: str, profile_path: Path, run_dir: Path) -> di
             "SLUICE_PLANNER__BUDGET": str(c.budget), "SLUICE_PLANNER__PREFILL_UTILIZATION": str(c.utilization),
             "SLUICE_PLANNER__SLA_MARGIN": str(c.margin), "SLUICE_PLANNER__CORRECTION": str(c.correction).lower(),
             "SLUICE_PLANNER__RATE_HEADROOM_Z": str(c.headroom_z), "SLUICE_PLANNER__SURE_SHRINK_Z": str(c.sure_shrink_z),
-            "SLUICE_PLANNER__SURE_RISE_Z": str(c.sure_rise_z),
+            "SLUICE_PLANNER__SURE_RISE_Z": str(c.sure_rise_z), "SLUICE_PLANNER__FLOOR_RISE_Z": str(c.floor_rise_z),
             "SLUICE_PLANNER__LOCAL_DIR": str(run_dir), "SLUICE_PLANNER__METRICS_PORT": "-1",
             "SLUICE_PLANNER__LOCK_TTL_S": str(max(3.0, c.step_s)),
             "SLUICE_PLANNER__WORKER_COMMAND": json.dumps([sys.executable, "-m", "sluice", "worker", "--log-level",
@@ -379,6 +387,11 @@ def summarize(c: Config, layout: str, fleet: str, record: RunRecord, notes: dict
     out["requests_by_step"] = [[r["step"], r["isl"], r["ok"], r["ttft_s"] and round(r["ttft_s"], 3),
                                 r["itl_s"] and round(r["itl_s"], 4)] for r in rows]
     decisions = notes.get("decisions") or []
+    if schedule is not None and fleet == "causal":  # a schedule's own actions, counted as a planner's
+        scheduled = actions_of(schedule)
+        out["scaling_actions"] = len(scheduled)
+        out["flaps_steady"] = flaps(scheduled, 2, steady_intervals(DAY))
+        out["schedule"] = schedule.replicas
     if decisions:
         times = action_times([(d.tick, d.kind, d.at) for d in decisions], c.step_s)
         actions = [(when, p.pool, p.action) for d, when in zip(decisions, times, strict=True) for p in d.pools
@@ -453,6 +466,15 @@ def dynamo_schedule(c: Config, profile: Profile, layout: str, console: Console) 
                                       for pool in ("prefill", "decode")})
 
 
+def causal_schedule(c: Config, sla: SlaPlanner, layout: str) -> Schedule:
+    """The ``causal`` fleet: the day sized offline on each step's predecessor's realized arrivals (the
+    same arrivals the run sends) with the planner's hysteresis, headroom and sure shrink."""
+    d = PlannerSettings()
+    rates = realized_rates(arrivals(DAY, c.base_rate, c.step_s, c.seed), len(DAY), c.step_s)
+    return causal(DAY, rates, sla, layout, c.min_replicas, c.max_replicas, z=c.headroom_z, step_s=c.step_s,
+                  down_after=d.down_after_intervals, cooldown=d.cooldown_intervals, sure_z=c.sure_shrink_z)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layouts", default="agg,disagg")
@@ -478,6 +500,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the sla mode's sure shrink (SLUICE_PLANNER__SURE_SHRINK_Z; 0: off)")
     p.add_argument("--sure-rise-z", type=float, default=PlannerSettings().sure_rise_z,
                    help="the sla mode's sure rise (SLUICE_PLANNER__SURE_RISE_Z; 0: off)")
+    p.add_argument("--floor-rise-z", type=float, default=PlannerSettings().floor_rise_z,
+                   help="the sla mode's floor grows a pool only on a rise (SLUICE_PLANNER__FLOOR_RISE_Z; 0: always)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -485,7 +509,7 @@ def parser() -> argparse.ArgumentParser:
 def config_of(args: argparse.Namespace) -> Config:
     return Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
                   args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction,
-                  args.headroom_z, args.sure_shrink_z, args.sure_rise_z)
+                  args.headroom_z, args.sure_shrink_z, args.sure_rise_z, args.floor_rise_z)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -504,7 +528,8 @@ def main(argv: list[str] | None = None) -> dict:
     for layout in layouts:
         schedules: dict[str, Schedule | None] = {"planner": None, "oracle": oracles[layout],
                                                  "static-peak": static(oracles[layout], "peak"),
-                                                 "static-mean": static(oracles[layout], "mean")}
+                                                 "static-mean": static(oracles[layout], "mean"),
+                                                 "causal": causal_schedule(c, sla, layout)}
         if "dynamo" in fleets:
             schedules["dynamo"] = dynamo_schedule(c, profile, layout, console)
         for fleet in fleets:

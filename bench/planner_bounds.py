@@ -48,16 +48,21 @@ from bench.planner_trace import (
 )
 from core.settings import Settings
 from planner.modes import SlaPlanner
+from planner.predictors import PredictorKind
 from planner.profile import Profile
 from workers.models.prepare import prepare_model
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "planner_bounds.json"
 
-#: (z, down_after, cooldown, sure_z) of the causal rows: (1, 0) is no hysteresis, (2, 2) the planner's
-#: defaults; sure_z 0 is no sure shrink, 3 the planner's default.
-CAUSAL = ((0.0, 1, 0, 0.0), (0.0, 2, 2, 0.0), (0.5, 2, 2, 0.0), (1.3, 2, 2, 0.0), (0.0, 3, 2, 0.0), (0.5, 3, 2, 0.0),
-          (0.0, 2, 2, 3.0), (0.5, 2, 2, 3.0))
+#: (z, down_after, cooldown, sure_z, predictor) of the causal rows: (1, 0) is no hysteresis, (2, 2) the
+#: planner's defaults; sure_z 0 is no sure shrink, 3 the planner's default; the predictor of the rate and
+#: the shape (planner.predictors; ``constant`` is the planner's default).
+CAUSAL: tuple[tuple[float, int, int, float, PredictorKind], ...] = (
+    (0.0, 1, 0, 0.0, "constant"), (0.0, 2, 2, 0.0, "constant"), (0.5, 2, 2, 0.0, "constant"),
+    (1.3, 2, 2, 0.0, "constant"), (0.0, 3, 2, 0.0, "constant"), (0.5, 3, 2, 0.0, "constant"),
+    (0.0, 2, 2, 3.0, "constant"), (0.5, 2, 2, 3.0, "constant"),
+    (0.0, 2, 2, 3.0, "kalman"), (0.0, 2, 2, 3.0, "moving_average"), (0.0, 2, 2, 3.0, "arima"))
 
 
 def rows_for(c: Config, sla: SlaPlanner, layout: str, seeds: list[int]) -> list[dict[str, Any]]:
@@ -71,12 +76,13 @@ def rows_for(c: Config, sla: SlaPlanner, layout: str, seeds: list[int]) -> list[
         rates = realized_rates(plan, len(DAY), c.step_s)
         need = sized(DAY, rates, sla, layout, c.min_replicas, c.max_replicas, "realized")
         schedules = {"oracle (trace means)": ref, "realized (knows each draw)": need}
-        for z, down_after, cooldown, sure_z in CAUSAL:
+        for z, down_after, cooldown, sure_z, predictor in CAUSAL:
             hysteresis = f"shrink after {down_after}, cooldown {cooldown}" if cooldown else "no hysteresis"
             sure = f", sure shrink z {sure_z:g}" if sure_z else ""
-            schedules[f"causal, z {z:g}, {hysteresis}{sure}"] = causal(
+            predicted = "" if predictor == "constant" else f", {predictor}"
+            schedules[f"causal, z {z:g}, {hysteresis}{sure}{predicted}"] = causal(
                 DAY, rates, sla, layout, c.min_replicas, c.max_replicas, z=z, step_s=c.step_s, down_after=down_after,
-                cooldown=cooldown, sure_z=sure_z)
+                cooldown=cooldown, sure_z=sure_z, predictor=predictor)
         for name, s in schedules.items():
             per.setdefault(name, []).append((s.worker_seconds(c.step_s) / ref_ws, short_share(s, need, plan),
                                              flaps(actions_of(s), 2, steady)))

@@ -20,7 +20,9 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from core.settings import PlannerSettings
 from planner.modes import Corrections, Forecast, SlaPlanner, with_headroom
+from planner.predictors import PredictorKind, make_predictor
 from planner.scaling import PoolMemory, bounded, settle
 
 CHAT = (512, 128)
@@ -114,19 +116,26 @@ def sized(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout: 
 
 
 def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout: str, lo: int, hi: int, *,
-           z: float, step_s: float, down_after: int, cooldown: int, sure_z: float = 0.0) -> Schedule:
+           z: float, step_s: float, down_after: int, cooldown: int, sure_z: float = 0.0,
+           predictor: PredictorKind = "constant") -> Schedule:
     """What a planner that sees only the past can do with the same model, with no start-up lag: step
-    ``i`` is sized on step ``i - 1``'s realized rate and shape (the ``constant`` predictor) raised by
-    ``z`` deviations of an interval's arrivals, through the same hysteresis (planner.scaling.settle;
-    ``down_after=1, cooldown=0`` is none), with the sure shrink at ``sure_z`` deviations (0: none; it needs
-    the step before the last to compare with). Step 0 is sized on its own rate."""
+    ``i`` is sized on what ``predictor`` (planner.predictors, fed steps ``0..i-1``'s realized rates and
+    shapes; ``constant``: step ``i - 1``'s) expects, raised by ``z`` deviations of an interval's arrivals,
+    through the same hysteresis (planner.scaling.settle; ``down_after=1, cooldown=0`` is none), with the sure
+    shrink at ``sure_z`` deviations (0: none; it needs the step before the last to compare with). Step 0 is
+    sized on its own rate."""
     replicas: dict[str, list[int]] = {}
     memory: dict[str, PoolMemory] = {}
+    options = {"window": PlannerSettings().predictor_window} if predictor == "moving_average" else {}
+    rate_p, isl_p, osl_p = (make_predictor(predictor, **options) for _ in range(3))
     for i, step in enumerate(day):
-        seen = day[i - 1] if i else step
-        rate = rates[i - 1] if i else rates[0]
-        seen_f = Forecast(rate, seen.isl, seen.osl)
-        sure = sla.sure_replicas("m", layout, rates[i - 2], rate, seen_f, Corrections(), sure_z, step_s) \
+        if i:
+            rate_p.observe(rates[i - 1])
+            isl_p.observe(day[i - 1].isl)
+            osl_p.observe(day[i - 1].osl)
+        rate = rate_p.predict() if i else rates[0]
+        seen_f = Forecast(rate, isl_p.predict(), osl_p.predict()) if i else Forecast(rate, step.isl, step.osl)
+        sure = sla.sure_replicas("m", layout, rates[i - 2], rates[i - 1], seen_f, Corrections(), sure_z, step_s) \
             if i >= 2 else {}
         for plan in sla.plan("m", layout, with_headroom(seen_f, z, step_s), Corrections()):
             pool = plan.ref.pool.value
@@ -140,7 +149,8 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
                                bounded(sure[plan.ref], lo, hi) if plan.ref in sure else None)
             counts.append(target)
     return Schedule(f"causal-{layout}-z{z:g}-{'h' if down_after > 1 or cooldown else 'nh'}"
-                    f"{f'-sure{sure_z:g}' if sure_z else ''}", replicas)
+                    f"{f'-sure{sure_z:g}' if sure_z else ''}{'' if predictor == 'constant' else '-' + predictor}",
+                    replicas)
 
 
 def short_share(schedule: Schedule, need: Schedule, plan: Sequence[Arrival]) -> float:

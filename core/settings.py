@@ -373,6 +373,12 @@ class PlannerSettings(BaseModel):
     #: its arrivals passed the forecast's by more than this many standard deviations, within the cooldown
     #: of a shrink too (a ramp's first seconds, not a flap). 0 turns it off (docs/planner.md, "The sure rise").
     sure_rise_z: float = Field(3.0, ge=0)
+    #: ``sla`` mode: the floor (the load already on a pool) grows a pool only while the arrivals are above
+    #: the forecast by at least this many standard deviations: on the fast path those of the interval so far,
+    #: at an interval's end those of the interval that ended; such a rise also lifts the floor's hold within
+    #: the cooldown of a shrink, as the sure rise does. Otherwise it only keeps a loaded pool from shrinking.
+    #: 0: the floor always grows a pool (docs/planner.md, "The floor on a rise").
+    floor_rise_z: float = Field(0.0, ge=0)
     #: ``sla`` mode: fold each interval's observed over expected TTFT and ITL into the plan (Dynamo's
     #: correction factor). Off by default: the workers' own step models already scale the profile, and on
     #: the bench's day the latency ratios of intervals of a few requests swung the plan both ways

@@ -44,7 +44,7 @@ from planner.decision import (
 )
 from planner.leader import LeaderLease
 from planner.metrics import PlannerMetrics
-from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, threshold_plan, with_headroom
+from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, rate_rose, threshold_plan, with_headroom
 from planner.observe import PoolState, TrafficMeter, TrafficSample, pool_states
 from planner.predictors import Predictor, PredictorKind, make_predictor
 from planner.profile import Profile
@@ -228,7 +228,7 @@ class Planner:
                     traffic: dict[str, TrafficSample] | None, so_far: TrafficSample | None = None,
                     ) -> tuple[ModelView, list[PoolPlan]]:
         refs = [r for r in self.refs if r.model == model]
-        observed = None
+        observed, ended = None, None
         forecaster, corrections = self.forecasters[model], self.corrections[model]
         if traffic is not None:
             sample = traffic.get(model) or TrafficSample(self.s.interval_s, 0, 0, None, None, None, None)
@@ -239,6 +239,8 @@ class Planner:
                     forecaster.forecast(), states.get(PoolRef(model, prefill_pool)), states.get(PoolRef(model, decode_pool))))
                 if self.s.correction:
                     self.sla.correct(corrections, sample, states, model, self.s.layout)
+            # The floor's gate at an interval's end: the interval that ended against what was forecast for it.
+            ended = (sample, forecaster.forecast()) if forecaster.history else None
             forecaster.observe(sample.rate, sample.isl, sample.osl)
         forecast = forecaster.forecast()
         predicted = Traffic(forecast.rate, forecast.isl, forecast.osl)
@@ -252,8 +254,11 @@ class Planner:
                 if so_far is not None and not rise and self.s.sure_rise_z > 0:  # what a hold's record says
                     plans = [replace(p, reason=f"{p.reason}; {_so_far(so_far, forecast)}: not a sure rise")
                              for p in plans]
+                opened = self.s.floor_rise_z > 0 and self._floor_grows(so_far, forecast)
                 plans = [self._with_floor(_at_least(p, *rise.get(p.ref, (0, ""))), states[p.ref], forecast,
-                                          corrections, rising=p.ref in rise) for p in plans]
+                                          corrections, rising=opened or p.ref in rise,
+                                          grows=opened or p.ref in rise or self.s.floor_rise_z <= 0)
+                         for p in plans]
             return view, plans
         if self.sla is not None and self.s.mode == "sla":
             if not forecaster.history:  # nothing observed yet: no plan
@@ -266,7 +271,10 @@ class Planner:
                 sure = self.sla.sure_replicas(model, self.s.layout, history[-2][0], history[-1][0], forecast,
                                               corrections, self.s.sure_shrink_z, self.s.interval_s)
                 plans = [replace(p, sure_replicas=sure.get(p.ref)) for p in plans]
-            return view, [self._with_floor(p, states[p.ref], forecast, corrections) for p in plans]
+            opened = self.s.floor_rise_z > 0 and ended is not None and self._floor_grows(*ended)
+            grows = opened or self.s.floor_rise_z <= 0
+            return view, [self._with_floor(p, states[p.ref], forecast, corrections, rising=opened, grows=grows)
+                          for p in plans]
         return view, [threshold_plan(states[r], self.thresholds) for r in refs]
 
     def _sure_rise(self, model: str, forecast: Forecast, c: Corrections,
@@ -281,14 +289,30 @@ class Planner:
         why = f"a sure rise: {_so_far(so_far, forecast)}"
         return {ref: (n, f"{why}: {n} workers") for ref, n in sizes.items()}
 
+    def _floor_grows(self, arrivals: TrafficSample | None, forecast: Forecast) -> bool:
+        """Whether ``arrivals`` (an interval's, or the current one's so far) passed ``forecast`` by
+        ``FLOOR_RISE_Z`` deviations: with it above 0, the rise that opens the floor's gate, and lifts the
+        floor's hold within the cooldown of a shrink as the sure rise does (a rise that the arrivals and the
+        load on the pool both show is less likely noise than one alone)."""
+        z = self.s.floor_rise_z
+        return arrivals is not None and rate_rose(forecast.rate, arrivals.arrived, arrivals.duration_s, z)
+
     def _with_floor(self, plan: PoolPlan, state: PoolState, forecast: Forecast, c: Corrections,
-                    rising: bool = False) -> PoolPlan:
+                    rising: bool = False, grows: bool = True) -> PoolPlan:
         """``sla`` mode: never fewer workers than the load already on the pool needs (planner.modes), except
         that within the cooldown after a shrink it only grows the pool past the size it shrank from
         (planner.scaling.floor_allowed; the floor taken within the bounds, as the wish is in :meth:`_apply`),
-        unless the arrivals of the interval so far rose past the forecast (``rising``): a ramp, not a flap."""
+        unless the arrivals of the interval so far rose past the forecast (``rising``): a ramp, not a flap.
+        With ``grows`` False (the arrivals did not rise, :meth:`_floor_grows`) the floor only keeps the pool
+        from shrinking under its load: it asks for no more workers than the pool has."""
         assert self.sla is not None
         floor, why = self.sla.floor(state, forecast, c)
+        if not grows and floor > max(plan.replicas, state.workers):
+            held = bounded(floor, self.s.min_replicas, self.s.max_replicas)
+            floor, why = max(plan.replicas, state.workers), f"{why}: {floor} workers held (arrivals within " \
+                                                             f"{self.s.floor_rise_z:g} deviations of the forecast)"
+            if floor <= plan.replicas:
+                return replace(plan, reason=f"{plan.reason}; {why}", held=held)
         if floor <= plan.replicas:
             return plan
         memory = self.memory[plan.ref]

@@ -65,6 +65,21 @@ def test_causal_sizing_lags_one_step_and_its_hysteresis_shrinks_late() -> None:
     assert all(r >= h for r, h in zip(raised.replicas["agg"], held.replicas["agg"], strict=True))
 
 
+def test_causal_sizing_takes_its_forecast_from_the_predictor_it_is_given() -> None:
+    day = [Step(1.0, 512, 128)] * 3 + [Step(1.0 + k, 512, 128) for k in range(1, 7)] + [Step(7.0, 512, 128)] * 3
+    rates = [0.6 * s.load for s in day]
+    lagging = causal(day, rates, sla(), "agg", 1, 8, z=0.0, step_s=60.0, down_after=1, cooldown=0)
+    constant = causal(day, rates, sla(), "agg", 1, 8, z=0.0, step_s=60.0, down_after=1, cooldown=0,
+                      predictor="constant")
+    assert constant.replicas == lagging.replicas  # the default is the last interval's rate
+    trend = causal(day, rates, sla(), "agg", 1, 8, z=0.0, step_s=60.0, down_after=1, cooldown=0,
+                   predictor="kalman")
+    # On a steady ramp a trend predictor sees the next step coming: never fewer workers, some step more.
+    ramp = range(5, 10)
+    assert all(trend.replicas["agg"][i] >= constant.replicas["agg"][i] for i in ramp)
+    assert any(trend.replicas["agg"][i] > constant.replicas["agg"][i] for i in ramp)
+
+
 def test_short_share_counts_the_requests_of_steps_sized_below_the_need() -> None:
     need = Schedule("need", {"prefill": [1, 1, 2], "decode": [1, 3, 3]})
     have = Schedule("have", {"prefill": [1, 1, 1], "decode": [1, 2, 3]})

@@ -5,7 +5,7 @@ connector's targets, keeps one acting planner per namespace, and resumes from it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -41,6 +41,31 @@ async def put_worker(redis: aioredis.Redis, keys: Keys, wid: str, *, usage: floa
                           kv_blocks=1000, max_num_seqs=64, context_length=4096, started_at=1.0)
     load = WorkerLoad(running=4, waiting=waiting, active_blocks=int(usage * 1000), total_blocks=1000, draining=draining)
     await Registry(redis, keys).register(record, load, ttl_s=60)
+
+
+def arrivals_publisher(frontends: FrontendRegistry) -> Callable[[int], Awaitable[None]]:
+    """Publishes one frontend's count of arrivals (what the planner's traffic meter reads)."""
+    async def publish(arrivals: int) -> None:
+        await frontends.renew(FrontendRecord(frontend_id="f1", url="u", metrics_url="m", router_mode="kv",
+                                             started_at=0.0, load={MODEL: LoadCounters(arrived=arrivals).as_list()}),
+                              ttl_s=60)
+    return publish
+
+
+async def loaded_sla_planner(redis: aioredis.Redis, keys: Keys, **over: object,
+                             ) -> tuple[Planner, list[float], Callable[[int], Awaitable[None]]]:
+    """An ``sla`` planner at clock 100 s over one worker at KV usage 0.8 (the floor's 2 workers,
+    test_the_sla_floor_...), its interval of 60 s started with 10 arrivals counted and a forecast of 0.1
+    requests/s; with its clock and the publisher of the frontend's count."""
+    await put_worker(redis, keys, "w0", usage=0.8)
+    publish = arrivals_publisher(FrontendRegistry(redis, keys))
+    clock = [100.0]
+    p = Planner(settings(mode="sla", itl_s=0.0625, ttft_s=1.0, cooldown_intervals=2, interval_s=60.0, **over),
+                [MODEL], redis, keys, VirtualConnector(redis, keys), profile=sla_profile(), clock=lambda: clock[0])
+    await publish(10)
+    await p.resume()  # the interval starts: the counters' baseline
+    p.forecasters[MODEL].observe(0.1, 1000, 100)
+    return p, clock, publish
 
 
 def settings(**over: object) -> PlannerSettings:
@@ -129,21 +154,7 @@ async def test_the_sla_floor_grows_a_pool_on_the_load_there_but_not_back_just_af
 async def test_a_sure_rise_in_the_interval_so_far_grows_the_pool_at_once_even_just_after_a_shrink(
         redis, namespace, rise_z: float, arrived: int, target: int, why: str) -> None:  # noqa: ANN001
     keys = Keys(namespace)
-    await put_worker(redis, keys, "w0", usage=0.8)  # the floor's 2 workers (test_the_sla_floor_...)
-    frontends = FrontendRegistry(redis, keys)
-
-    async def publish(arrivals: int) -> None:
-        await frontends.renew(FrontendRecord(frontend_id="f1", url="u", metrics_url="m", router_mode="kv",
-                                             started_at=0.0, load={MODEL: LoadCounters(arrived=arrivals).as_list()}),
-                              ttl_s=60)
-
-    clock = [100.0]
-    p = Planner(settings(mode="sla", itl_s=0.0625, ttft_s=1.0, cooldown_intervals=2, interval_s=60.0,
-                         sure_rise_z=rise_z), [MODEL], redis, keys, VirtualConnector(redis, keys),
-                profile=sla_profile(), clock=lambda: clock[0])
-    await publish(10)
-    await p.resume()  # the interval starts: the counters' baseline
-    p.forecasters[MODEL].observe(0.1, 1000, 100)  # 2 arrivals expected in 20 s
+    p, clock, publish = await loaded_sla_planner(redis, keys, sure_rise_z=rise_z)  # 2 arrivals expected in 20 s
     p.tick = 10
     p.memory[AGG].last_down, p.memory[AGG].shrunk_from = 9, 2  # hysteresis shrank the pool 2 -> 1 one interval ago
     clock[0] = 120.0
@@ -158,6 +169,30 @@ async def test_a_sure_rise_in_the_interval_so_far_grows_the_pool_at_once_even_ju
     clock[0] = 160.0
     [view] = (await p.step("interval")).models
     assert view.observed is not None and view.observed.rate == pytest.approx(arrived / 60)
+
+
+@pytest.mark.parametrize("just_shrank", [False, True])
+@pytest.mark.parametrize(("kind", "arrived", "target"), [
+    ("fast", 2, 1),  # 2 expected in the 20 s so far: within the noise, the floor's 2 held
+    ("fast", 5, 2),  # 2.1 deviations over (under the sure rise's 3): the floor grows the pool
+    ("interval", 6, 1),  # the interval that ended had the 6 forecast for it
+    ("interval", 14, 2),  # 3.3 deviations over the 6 forecast
+])
+async def test_with_a_floor_rise_z_the_floor_grows_a_pool_only_on_arrivals_above_the_forecast(
+        redis, namespace, kind: str, arrived: int, target: int, just_shrank: bool) -> None:  # noqa: ANN001
+    """... and such a rise lifts the floor's hold within the cooldown of a shrink, as the sure rise does."""
+    keys = Keys(namespace)
+    p, clock, publish = await loaded_sla_planner(redis, keys, floor_rise_z=1.0)  # the rate's plan: one worker
+    if just_shrank:  # hysteresis shrank the pool 2 -> 1 an interval ago
+        p.tick = 10
+        p.memory[AGG].last_down, p.memory[AGG].shrunk_from = 9 if kind == "fast" else 10, 2
+    clock[0] = 120.0 if kind == "fast" else 160.0
+    await publish(10 + arrived)
+    [pool] = (await p.step(kind)).pools
+    assert (pool.action, pool.target) == ("up" if target > 1 else "hold", target)
+    assert "kv usage 0.80" in pool.reason
+    if target == 1:  # the gate's hold, just after a shrink too
+        assert pool.held == 2 and "2 workers held (arrivals within 1 deviations of the forecast)" in pool.reason
 
 
 @pytest.mark.parametrize(("sure_z", "usage", "action"), [(3.0, 0.05, "down"), (0.0, 0.05, "hold"), (3.0, 0.6, "hold")])
