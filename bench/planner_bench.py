@@ -387,7 +387,9 @@ def summarize(c: Config, layout: str, fleet: str, record: RunRecord, notes: dict
     out["requests_by_step"] = [[r["step"], r["isl"], r["ok"], r["ttft_s"] and round(r["ttft_s"], 3),
                                 r["itl_s"] and round(r["itl_s"], 4)] for r in rows]
     decisions = notes.get("decisions") or []
-    if schedule is not None and fleet == "causal":  # a schedule's own actions, counted as a planner's
+    # The causal fleet's actions are its schedule's steps, counted as a planner's (the oracle's are not: its
+    # workers start a step early; the static fleets take none).
+    if schedule is not None and fleet == "causal":
         scheduled = actions_of(schedule)
         out["scaling_actions"] = len(scheduled)
         out["flaps_steady"] = flaps(scheduled, 2, steady_intervals(DAY))

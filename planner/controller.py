@@ -240,7 +240,8 @@ class Planner:
                 if self.s.correction:
                     self.sla.correct(corrections, sample, states, model, self.s.layout)
             # The floor's gate at an interval's end: the interval that ended against what was forecast for it.
-            ended = (sample, forecaster.forecast()) if forecaster.history else None
+            if self.s.floor_rise_z > 0 and forecaster.history:
+                ended = (sample, forecaster.forecast())
             forecaster.observe(sample.rate, sample.isl, sample.osl)
         forecast = forecaster.forecast()
         predicted = Traffic(forecast.rate, forecast.isl, forecast.osl)
@@ -254,7 +255,7 @@ class Planner:
                 if so_far is not None and not rise and self.s.sure_rise_z > 0:  # what a hold's record says
                     plans = [replace(p, reason=f"{p.reason}; {_so_far(so_far, forecast)}: not a sure rise")
                              for p in plans]
-                opened = self.s.floor_rise_z > 0 and self._floor_grows(so_far, forecast)
+                opened = self._floor_opened(so_far, forecast)
                 plans = [self._with_floor(_at_least(p, *rise.get(p.ref, (0, ""))), states[p.ref], forecast,
                                           corrections, rising=opened or p.ref in rise,
                                           grows=opened or p.ref in rise or self.s.floor_rise_z <= 0)
@@ -271,10 +272,9 @@ class Planner:
                 sure = self.sla.sure_replicas(model, self.s.layout, history[-2][0], history[-1][0], forecast,
                                               corrections, self.s.sure_shrink_z, self.s.interval_s)
                 plans = [replace(p, sure_replicas=sure.get(p.ref)) for p in plans]
-            opened = self.s.floor_rise_z > 0 and ended is not None and self._floor_grows(*ended)
-            grows = opened or self.s.floor_rise_z <= 0
-            return view, [self._with_floor(p, states[p.ref], forecast, corrections, rising=opened, grows=grows)
-                          for p in plans]
+            opened = self._floor_opened(*ended) if ended is not None else False
+            return view, [self._with_floor(p, states[p.ref], forecast, corrections, rising=opened,
+                                           grows=opened or self.s.floor_rise_z <= 0) for p in plans]
         return view, [threshold_plan(states[r], self.thresholds) for r in refs]
 
     def _sure_rise(self, model: str, forecast: Forecast, c: Corrections,
@@ -289,13 +289,13 @@ class Planner:
         why = f"a sure rise: {_so_far(so_far, forecast)}"
         return {ref: (n, f"{why}: {n} workers") for ref, n in sizes.items()}
 
-    def _floor_grows(self, arrivals: TrafficSample | None, forecast: Forecast) -> bool:
-        """Whether ``arrivals`` (an interval's, or the current one's so far) passed ``forecast`` by
-        ``FLOOR_RISE_Z`` deviations: with it above 0, the rise that opens the floor's gate, and lifts the
-        floor's hold within the cooldown of a shrink as the sure rise does (a rise that the arrivals and the
-        load on the pool both show is less likely noise than one alone)."""
+    def _floor_opened(self, arrivals: TrafficSample | None, forecast: Forecast) -> bool:
+        """Whether the floor's gate is open (``FLOOR_RISE_Z`` above 0): ``arrivals`` (an interval's, or the
+        current one's so far) passed ``forecast`` by that many deviations. An open gate lets the floor grow
+        a pool, and lifts its hold within the cooldown of a shrink as the sure rise does (a rise that the
+        arrivals and the load on the pool both show is less likely noise than one alone)."""
         z = self.s.floor_rise_z
-        return arrivals is not None and rate_rose(forecast.rate, arrivals.arrived, arrivals.duration_s, z)
+        return z > 0 and arrivals is not None and rate_rose(forecast.rate, arrivals.arrived, arrivals.duration_s, z)
 
     def _with_floor(self, plan: PoolPlan, state: PoolState, forecast: Forecast, c: Corrections,
                     rising: bool = False, grows: bool = True) -> PoolPlan:
@@ -303,14 +303,15 @@ class Planner:
         that within the cooldown after a shrink it only grows the pool past the size it shrank from
         (planner.scaling.floor_allowed; the floor taken within the bounds, as the wish is in :meth:`_apply`),
         unless the arrivals of the interval so far rose past the forecast (``rising``): a ramp, not a flap.
-        With ``grows`` False (the arrivals did not rise, :meth:`_floor_grows`) the floor only keeps the pool
+        With ``grows`` False (the floor's gate is shut, :meth:`_floor_opened`) the floor only keeps the pool
         from shrinking under its load: it asks for no more workers than the pool has."""
         assert self.sla is not None
         floor, why = self.sla.floor(state, forecast, c)
-        if not grows and floor > max(plan.replicas, state.workers):
+        kept = max(plan.replicas, state.workers)
+        if not grows and floor > kept:  # the gate is shut: keep the pool from shrinking under its load, no more
             held = bounded(floor, self.s.min_replicas, self.s.max_replicas)
-            floor, why = max(plan.replicas, state.workers), f"{why}: {floor} workers held (arrivals within " \
-                                                             f"{self.s.floor_rise_z:g} deviations of the forecast)"
+            why = f"{why}: {floor} workers held (arrivals within {self.s.floor_rise_z:g} deviations of the forecast)"
+            floor = kept
             if floor <= plan.replicas:
                 return replace(plan, reason=f"{plan.reason}; {why}", held=held)
         if floor <= plan.replicas:
