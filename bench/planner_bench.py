@@ -66,6 +66,10 @@ from bench.planner_trace import (
     arrivals,
     attainment,
     causal,
+    cpu_by_step,
+    day_slice,
+    fixed,
+    fixed_sizes,
     flaps,
     oracle,
     realized_rates,
@@ -164,16 +168,21 @@ class FleetCleanup:
 class RunRecord:
     rows: list[dict] = field(default_factory=list)
     samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    #: The machine's CPU busy share (all cores, 0-1) over each second before the sample's time.
+    cpu: list[tuple[float, float]] = field(default_factory=list)
 
 
 async def sample_fleet(redis: aioredis.Redis, keys: Keys, record: RunRecord, stop: asyncio.Event) -> None:
     registry = Registry(redis, keys)
+    psutil.cpu_percent()  # the first call only starts the count
     while not stop.is_set():
         counts: dict[str, int] = {}
         with contextlib.suppress(Exception):
             for w in await registry.live_workers(MODEL):
                 counts[w.record.pool.value] = counts.get(w.record.pool.value, 0) + 1
-        record.samples.append((time.monotonic(), counts))
+        now = time.monotonic()
+        record.samples.append((now, counts))
+        record.cpu.append((now, psutil.cpu_percent() / 100))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(1.0):
                 await stop.wait()
@@ -194,8 +203,9 @@ async def one_request(session: aiohttp.ClientSession, base_url: str, a: Arrival,
 
 
 async def drive(base_url: str, plan: list[Arrival], record: RunRecord,
-                on_step: Any = None, step_s: float = 10.0) -> None:  # noqa: ANN401
-    """Send every arrival at its time; ``on_step(i)`` at the start of each step (the schedules)."""
+                on_step: Any = None, step_s: float = 10.0, first: int = 0) -> None:  # noqa: ANN401
+    """Send every arrival at its time; ``on_step(i)`` at the start of each step (the schedules). The plan
+    starts at step ``first`` of the day (a slice: bench.planner_trace.day_slice)."""
     t0 = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=900)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
@@ -204,8 +214,8 @@ async def drive(base_url: str, plan: list[Arrival], record: RunRecord,
         step_tasks = []
         if on_step is not None:
             async def stepper() -> None:
-                for i in range(steps):
-                    await asyncio.sleep(max(0.0, t0 + i * step_s - time.monotonic()))
+                for i in range(first, steps):
+                    await asyncio.sleep(max(0.0, t0 + (i - first) * step_s - time.monotonic()))
                     await on_step(i)
             step_tasks.append(asyncio.create_task(stepper()))
         for k, a in enumerate(plan):
@@ -263,14 +273,16 @@ async def decisions_of(redis: aioredis.Redis, keys: Keys) -> list:
 
 
 def run_one(c: Config, layout: str, fleet: str, schedule: Schedule | None, profile_path: Path, tokenizer_dir: Path,
-            console: Console, kill_planner_at: int | None) -> dict:
-    """One fleet through the day; the figures of bench.planner_trace's docstring."""
+            console: Console, kill_planner_at: int | None, steps: tuple[int, int] = (0, len(DAY))) -> dict:
+    """One fleet through the day, or through its ``steps`` (first, end) alone; the figures of
+    bench.planner_trace's docstring."""
+    first, end = steps
     redis_server = RedisServer().start()
     ns = f"plan{uuid.uuid4().hex[:6]}"
     stack = Stack(redis_url=redis_server.url, namespace=ns, model_path=tokenizer_dir, env_extra=worker_env(c))
     run_dir = Path(tempfile.mkdtemp(prefix="sluice-planner-run-"))
     cleanup = FleetCleanup(run_dir)
-    plan = arrivals(DAY, c.base_rate, c.step_s, c.seed)
+    plan = day_slice(arrivals(DAY, c.base_rate, c.step_s, c.seed), first, end, c.step_s)
     record = RunRecord()
     keys = Keys(ns)
     notes: dict[str, Any] = {}
@@ -306,19 +318,20 @@ def run_one(c: Config, layout: str, fleet: str, schedule: Schedule | None, profi
                             ref = PoolRef(MODEL, Pool(pool))  # type: ignore[call-arg]  # a lookup by value
                             await connector.scale(ref, ahead, f"schedule step {i}")
 
-                    await apply(0)
-                    await wait_fleet(redis, keys, {p: schedule.replicas[p][0] for p in pools})
+                    await apply(first)
+                    await wait_fleet(redis, keys, {p: schedule.replicas[p][first] for p in pools})
                     on_step = apply
                 t0 = time.monotonic()
                 if fleet == "planner":
                     notes["planner_cpu_s"] = -_cpu_s(stack.procs["planner"].popen.pid)
-                await drive(stack.base_url, plan, record, on_step, c.step_s)
+                await drive(stack.base_url, plan, record, on_step, c.step_s, first)
                 t1 = time.monotonic()
                 if fleet == "planner":
                     notes["planner_cpu_s"] += _cpu_s(stack.procs["planner"].popen.pid)
                     notes["planner_cpu_share"] = notes["planner_cpu_s"] / (t1 - t0)
                 notes["duration_s"] = t1 - t0
-                notes["worker_seconds"] = worker_seconds(record.samples, t0, min(t1, t0 + len(DAY) * c.step_s))
+                notes["worker_seconds"] = worker_seconds(record.samples, t0, min(t1, t0 + (end - first) * c.step_s))
+                notes["cpu_by_step"] = cpu_by_step(record.cpu, t0, c.step_s, len(DAY), first, end)
                 if fleet == "planner":
                     notes["decisions"] = await decisions_of(redis, keys)
             finally:
@@ -378,12 +391,13 @@ def summarize(c: Config, layout: str, fleet: str, record: RunRecord, notes: dict
         "ttft_p50_s": q(ttfts, 0.5), "ttft_p90_s": q(ttfts, 0.9), "itl_p50_s": q(itls, 0.5), "itl_p90_s": q(itls, 0.9),
         "worker_seconds": notes.get("worker_seconds"), "duration_s": notes.get("duration_s"),
         "scheduled_worker_seconds": schedule.worker_seconds(c.step_s) if schedule else None,
-        "planner_cpu_share": planner_cpu,
+        "planner_cpu_share": planner_cpu, "machine_cpu_by_step": notes.get("cpu_by_step"),
     }
     by_step: dict[int, list[dict]] = {}
     for r in rows:
         by_step.setdefault(r["step"], []).append(r)
-    out["attainment_by_step"] = [round(attainment(by_step.get(i, []), c.ttft_s, c.itl_s), 3) for i in range(len(DAY))]
+    out["attainment_by_step"] = [round(attainment(by_step[i], c.ttft_s, c.itl_s), 3) if i in by_step else None
+                                 for i in range(len(DAY))]
     out["requests_by_step"] = [[r["step"], r["isl"], r["ok"], r["ttft_s"] and round(r["ttft_s"], 3),
                                 r["itl_s"] and round(r["itl_s"], 4)] for r in rows]
     decisions = notes.get("decisions") or []
@@ -504,6 +518,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the sla mode's sure rise (SLUICE_PLANNER__SURE_RISE_Z; 0: off)")
     p.add_argument("--floor-rise-z", type=float, default=PlannerSettings().floor_rise_z,
                    help="the sla mode's floor grows a pool only on a rise (SLUICE_PLANNER__FLOOR_RISE_Z; 0: always)")
+    p.add_argument("--steps", default=f"0:{len(DAY)}",
+                   help="FIRST:END: replay the day's steps FIRST to END-1 alone (the same arrivals as in the whole day)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -525,6 +541,9 @@ def main(argv: list[str] | None = None) -> dict:
     sla = SlaPlanner(profile, c.ttft_s * c.margin, c.itl_s * c.margin, c.utilization)
     layouts = [x for x in args.layouts.split(",") if x]
     fleets = [x for x in args.fleets.split(",") if x]
+    first, end = (int(x) for x in args.steps.split(":"))
+    if not 0 <= first < end <= len(DAY):
+        raise SystemExit(f"--steps {args.steps}: the day has steps 0 to {len(DAY) - 1}")
     oracles = {layout: oracle(DAY, c.base_rate, sla, layout, c.min_replicas, c.max_replicas) for layout in layouts}
     runs = []
     for layout in layouts:
@@ -534,19 +553,24 @@ def main(argv: list[str] | None = None) -> dict:
                                                  "causal": causal_schedule(c, sla, layout)}
         if "dynamo" in fleets:
             schedules["dynamo"] = dynamo_schedule(c, profile, layout, console)
+        pools = ["prefill", "decode"] if layout == "disagg" else ["agg"]
+        for fleet in fleets:  # fixed sizes: static-7 (agg), static-2+5 (disagg)
+            if (sizes := fixed_sizes(fleet, pools)) is not None:
+                schedules[fleet] = fixed(sizes, len(DAY))
         for fleet in fleets:
             if fleet not in schedules or (fleet != "planner" and schedules[fleet] is None):
                 console.print(f"[yellow]{layout}/{fleet}: skipped (no schedule)[/]")
                 continue
             console.print(f"[bold]{layout} / {fleet}[/] ...")
             kill = args.kill_at if fleet == "planner" and layout == "agg" and args.kill_at >= 0 else None
-            runs.append(run_one(c, layout, fleet, schedules[fleet], profile_path, tokenizer_dir, console, kill))
+            runs.append(run_one(c, layout, fleet, schedules[fleet], profile_path, tokenizer_dir, console, kill,
+                                (first, end)))
             r = runs[-1]
             console.print(f"  {r['requests']} requests, {r['errors']} errors, SLA {r['sla_attainment']:.1%}, "
                           f"{r['worker_seconds']:.0f} worker-s")
     ratios = report(console, runs, oracles, c)
     out = {"benchmark": "planner", "engine": "mocker", "host": platform.node(), "python": platform.python_version(),
-           "config": vars(c), "day": [dataclasses.asdict(s) for s in DAY],
+           "config": vars(c), "day": [dataclasses.asdict(s) for s in DAY], "steps": [first, end],
            "profile": profile.model_dump(), "oracles": {k: v.replicas for k, v in oracles.items()},
            "runs": runs, "ratios": ratios}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -172,6 +172,26 @@ def static(schedule: Schedule, how: str) -> Schedule:
     return Schedule(f"static-{how}-{schedule.name.removeprefix('oracle-')}", out)
 
 
+def fixed(sizes: dict[str, int], steps: int) -> Schedule:
+    """A fleet of the given size per pool at every step (``--fleets static-7``, ``static-2+5``)."""
+    return Schedule("static-" + "+".join(str(n) for n in sizes.values()), {pool: [n] * steps for pool, n in sizes.items()})
+
+
+def fixed_sizes(fleet: str, pools: Sequence[str]) -> dict[str, int] | None:
+    """The pool sizes a ``static-N`` fleet names (``static-P+D`` for prefill and decode pools); None when
+    ``fleet`` names none (``static-peak``, ``static-mean``, another fleet) or another number of pools."""
+    sizes = fleet.removeprefix("static-").split("+")
+    if not fleet.startswith("static-") or len(sizes) != len(pools) or not all(x.isdigit() and int(x) > 0 for x in sizes):
+        return None
+    return {pool: int(x) for pool, x in zip(pools, sizes, strict=True)}
+
+
+def day_slice(plan: Sequence[Arrival], first: int, end: int, step_s: float) -> list[Arrival]:
+    """The arrivals of steps ``first`` to ``end - 1`` of the day (the same draw as the whole day's), their
+    times counted from ``first``'s start: a phase replayed alone (``--steps``)."""
+    return [Arrival(a.at_s - first * step_s, a.step, a.isl, a.osl) for a in plan if first <= a.step < end]
+
+
 def attainment(rows: Iterable[dict], ttft_s: float, itl_s: float) -> float:
     """Share of requests that succeeded with TTFT and their mean ITL within the targets."""
     rows = list(rows)
@@ -219,3 +239,17 @@ def flaps(actions: Sequence[tuple[float, str, str]], within: float, steady: set[
             count += 1
         last[pool] = (when, direction)
     return count
+
+
+def cpu_by_step(cpu: list[tuple[float, float]], t0: float, step_s: float, steps: int,
+                first: int = 0, end: int | None = None) -> list[float | None]:
+    """The machine's mean CPU busy share in each step of the day (its workers, frontend, Redis and the bench's
+    own client share it): where the fleet's misses meet a saturated machine, more workers cannot help.
+    ``t0`` is the start of step ``first``; steps from ``end`` on (a slice of the day: :func:`day_slice`) and
+    before ``first`` are left None."""
+    per: list[list[float]] = [[] for _ in range(steps)]
+    for t, busy in cpu:
+        i = first + math.floor((t - 0.5 - t0) / step_s)  # a sample covers the second before it
+        if first <= i < (steps if end is None else min(steps, end)):
+            per[i].append(busy)
+    return [round(sum(v) / len(v), 3) if v else None for v in per]

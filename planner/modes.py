@@ -22,7 +22,12 @@ over expected TTFT and ITL):
 * a decode worker holds the largest batch ``b`` whose ITL (times ``c_d``) meets the ITL target at context
   ``I + O / 2``; streams decode for ``O * itl(b)`` each, so ``r O itl(b)`` of them run at once (Little's
   law), and decode workers: ``ceil(r O itl(b) / b)``;
-* an aggregated worker does both: ``ceil(r S / rho* + r O itl(b) / b)``.
+* an aggregated worker does both: the fewest ``n`` whose prefill share ``busy = r S / n`` stays under
+  ``rho*``, and whose streams fit the batch ``b`` that meets the ITL target with the decode's time cut to
+  ``1 - busy`` (prefill steps stall the batch): ``r (O itl + S) / n <= b``, with ``itl = itl(b) / (1 - busy)``.
+  A stream holds its KV from its prefill on, so the prefill's ``S`` counts in what a worker holds: with long
+  prompts and short answers it is a tenth of a stream's stay (2,000 tokens and 32: the day's long-prompt
+  phase needed 7 workers live where the decode alone counted 6, docs/planner.md).
 """
 
 from __future__ import annotations
@@ -226,7 +231,7 @@ class SlaPlanner:
             if batch == 0:
                 continue
             itl = self.profile.itl_s(batch, context) * c.decode_factor / (1 - busy)
-            if f.rate * f.osl * itl / n <= batch:
+            if f.rate * (f.osl * itl + s) / n <= batch:  # Little's law over a stream's stay: prefill and decode
                 return n, itl
         prefill, decode, _, itl = self.needs(f, c)  # out of reach: the two phases' sum, as for pools apart
         return replicas_for(prefill + decode), itl

@@ -13,6 +13,10 @@ from bench.planner_trace import (
     actions_of,
     arrivals,
     causal,
+    cpu_by_step,
+    day_slice,
+    fixed,
+    fixed_sizes,
     flaps,
     oracle,
     realized_rates,
@@ -111,3 +115,28 @@ def test_a_schedules_actions_are_numbered_as_the_planners_intervals() -> None:
     s = Schedule("s", {"agg": [1, 2, 2, 1], "decode": [3, 3, 3, 3]})
     # Interval 1 sizes step 1 (up to 2), interval 3 sizes step 3 (down to 1).
     assert actions_of(s) == [(1, "agg", "up"), (3, "agg", "down")]
+
+
+def test_the_machines_cpu_is_averaged_per_step_and_a_sample_counts_for_the_second_before_it() -> None:
+    # Steps of 10 s from t0 = 100: the sample at 110.2 covers 109.2-110.2, mostly step 0.
+    cpu = [(99.0, 1.0), (101.0, 0.2), (105.0, 0.4), (110.2, 0.6), (111.0, 0.9), (125.0, 0.5), (140.0, 1.0)]
+    assert cpu_by_step(cpu, 100.0, 10.0, 3) == [0.4, 0.9, 0.5]
+
+
+def test_a_fixed_fleet_is_named_by_its_sizes_per_pool() -> None:
+    assert fixed_sizes("static-7", ["agg"]) == {"agg": 7}
+    assert fixed_sizes("static-2+5", ["prefill", "decode"]) == {"prefill": 2, "decode": 5}
+    for other in ("static-peak", "static-mean", "static-0", "static-2+5", "oracle"):
+        assert fixed_sizes(other, ["agg"]) is None
+    assert fixed(fixed_sizes("static-2+5", ["prefill", "decode"]) or {}, 3).replicas == {"prefill": [2, 2, 2],
+                                                                                            "decode": [5, 5, 5]}
+
+
+def test_a_slice_of_the_day_keeps_the_days_draw_and_counts_time_from_its_first_step() -> None:
+    day = arrivals(DAY, 0.6, 10.0, seed=3)
+    part = day_slice(day, 11, 15, 10.0)
+    assert [(a.step, a.isl) for a in part] == [(a.step, a.isl) for a in day if 11 <= a.step < 15]
+    assert all(0 <= a.at_s - (a.step - 11) * 10.0 < 10.0 for a in part)
+    # The machine's CPU of a slice is counted in the day's steps.
+    cpu = [(99.0, 0.9), (105.0, 0.5), (112.0, 0.7), (121.0, 0.9)]
+    assert cpu_by_step(cpu, 100.0, 10.0, 30, first=11, end=13)[10:14] == [None, 0.5, 0.7, None]

@@ -112,11 +112,33 @@ def test_sla_aggregated_plan_is_the_fewest_workers_whose_decode_meets_the_itl_wi
         if busy >= 0.8:
             return False
         batch = sla.profile.decode_batch_within(0.05 * (1 - busy), 1050)
-        return batch > 0 and 20.0 * 100 * sla.profile.itl_s(batch, 1050) / (1 - busy) / k <= batch
+        itl = sla.profile.itl_s(batch, 1050) / (1 - busy)
+        return batch > 0 and 20.0 * (100 * itl + 0.1) / k <= batch  # a stream's stay: its prefill and decode
 
     assert meets(n) and not meets(n - 1)
     # More than the decode pool alone needs: the prefills share the workers.
     assert n > sla.plan("m", "disagg", f, Corrections())[1].replicas
+
+
+def test_an_aggregated_worker_holds_a_streams_kv_through_its_prefill_too() -> None:
+    # Long prompts, short answers: the prefill is a large share of a stream's stay on the worker.
+    one = Profile(engine="mocker", model="m", kv_tokens=100_000, max_num_seqs=64,
+                  prefill=[PrefillPoint(isl=2000, ttft_s=0.2)],
+                  decode=[DecodePoint(batch=1, context=2016, itl_s=0.04), DecodePoint(batch=9, context=2016, itl_s=0.12)])
+    sla = SlaPlanner(one, ttft_s=1.2, itl_s=0.08, prefill_utilization=0.7)
+    f = Forecast(rate=8.0, isl=2000, osl=32)
+    [agg] = sla.plan("m", "agg", f, Corrections())
+    k = agg.replicas
+    busy = 8.0 * 0.2 / k
+    batch = one.decode_batch_within(0.08 * (1 - busy), 2016)
+    itl = one.itl_s(batch, 2016) / (1 - busy)
+    stay = 32 * itl + 0.2
+    assert 8.0 * stay / k <= batch
+    # One worker fewer holds more streams than its batch, the prefill's part of their stay decides it.
+    busy = 8.0 * 0.2 / (k - 1)
+    batch = one.decode_batch_within(0.08 * (1 - busy), 2016)
+    itl = one.itl_s(batch, 2016) / (1 - busy)
+    assert 8.0 * 32 * itl / (k - 1) <= batch < 8.0 * (32 * itl + 0.2) / (k - 1)
 
 
 def test_the_floor_follows_the_load_already_there() -> None:
