@@ -82,6 +82,7 @@ from core.pools import Pool
 from core.settings import PlannerSettings, Settings
 from planner.connectors.base import PoolRef
 from planner.connectors.local import STATE_FILE, LocalConnector
+from planner.controller import pools_of
 from planner.decision import decode_decision
 from planner.modes import SlaPlanner
 from planner.profile import Profile
@@ -289,7 +290,7 @@ def run_one(c: Config, layout: str, fleet: str, schedule: Schedule | None, profi
     try:
         stack.start_frontend()
         stack.procs["frontend"].wait_serving(f"{stack.base_url}/health", "frontend", 60)
-        pools = ["prefill", "decode"] if layout == "disagg" else ["agg"]
+        pools = [p.value for p in pools_of(layout)]
 
         async def main() -> None:
             redis = aioredis.from_url(redis_server.url)
@@ -553,9 +554,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                  "causal": causal_schedule(c, sla, layout)}
         if "dynamo" in fleets:
             schedules["dynamo"] = dynamo_schedule(c, profile, layout, console)
-        pools = ["prefill", "decode"] if layout == "disagg" else ["agg"]
         for fleet in fleets:  # fixed sizes: static-7 (agg), static-2+5 (disagg)
-            if (sizes := fixed_sizes(fleet, pools)) is not None:
+            if (sizes := fixed_sizes(fleet, [p.value for p in pools_of(layout)])) is not None:
                 schedules[fleet] = fixed(sizes, len(DAY))
         for fleet in fleets:
             if fleet not in schedules or (fleet != "planner" and schedules[fleet] is None):

@@ -87,9 +87,12 @@ class Schedule:
         return sum(sum(counts) for counts in self.replicas.values()) * step_s
 
     @property
+    def steps(self) -> int:
+        return len(next(iter(self.replicas.values())))
+
+    @property
     def peak(self) -> int:
-        steps = len(next(iter(self.replicas.values())))
-        return max(sum(counts[i] for counts in self.replicas.values()) for i in range(steps))
+        return max(sum(counts[i] for counts in self.replicas.values()) for i in range(self.steps))
 
 
 def oracle(day: Sequence[Step], base_rate: float, sla: SlaPlanner, layout: str, lo: int, hi: int) -> Schedule:
@@ -165,16 +168,16 @@ def short_share(schedule: Schedule, need: Schedule, plan: Sequence[Arrival]) -> 
 
 def static(schedule: Schedule, how: str) -> Schedule:
     """A fixed fleet: each pool at its ``peak`` or its time-weighted ``mean`` (rounded up) all day."""
-    out = {}
-    for pool, counts in schedule.replicas.items():
-        n = max(counts) if how == "peak" else math.ceil(sum(counts) / len(counts) - 1e-9)
-        out[pool] = [n] * len(counts)
-    return Schedule(f"static-{how}-{schedule.name.removeprefix('oracle-')}", out)
+    sizes = {pool: max(counts) if how == "peak" else math.ceil(sum(counts) / len(counts) - 1e-9)
+             for pool, counts in schedule.replicas.items()}
+    return fixed(sizes, schedule.steps, f"static-{how}-{schedule.name.removeprefix('oracle-')}")
 
 
-def fixed(sizes: dict[str, int], steps: int) -> Schedule:
-    """A fleet of the given size per pool at every step (``--fleets static-7``, ``static-2+5``)."""
-    return Schedule("static-" + "+".join(str(n) for n in sizes.values()), {pool: [n] * steps for pool, n in sizes.items()})
+def fixed(sizes: dict[str, int], steps: int, name: str | None = None) -> Schedule:
+    """A fleet of the given size per pool at every step (``--fleets static-7``, ``static-2+5``; named
+    ``name``, else by its sizes)."""
+    name = name or "static-" + "+".join(str(n) for n in sizes.values())
+    return Schedule(name, {pool: [n] * steps for pool, n in sizes.items()})
 
 
 def fixed_sizes(fleet: str, pools: Sequence[str]) -> dict[str, int] | None:

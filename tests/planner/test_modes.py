@@ -129,16 +129,18 @@ def test_an_aggregated_worker_holds_a_streams_kv_through_its_prefill_too() -> No
     f = Forecast(rate=8.0, isl=2000, osl=32)
     [agg] = sla.plan("m", "agg", f, Corrections())
     k = agg.replicas
-    busy = 8.0 * 0.2 / k
-    batch = one.decode_batch_within(0.08 * (1 - busy), 2016)
-    itl = one.itl_s(batch, 2016) / (1 - busy)
-    stay = 32 * itl + 0.2
-    assert 8.0 * stay / k <= batch
+
+    def streams(n: int) -> tuple[float, float, int]:  # per worker: decoding, held (prefill too), the batch
+        busy = 8.0 * 0.2 / n
+        batch = one.decode_batch_within(0.08 * (1 - busy), 2016)
+        itl = one.itl_s(batch, 2016) / (1 - busy)
+        return 8.0 * 32 * itl / n, 8.0 * (32 * itl + 0.2) / n, batch
+
+    _, held, batch = streams(k)
+    assert held <= batch
     # One worker fewer holds more streams than its batch, the prefill's part of their stay decides it.
-    busy = 8.0 * 0.2 / (k - 1)
-    batch = one.decode_batch_within(0.08 * (1 - busy), 2016)
-    itl = one.itl_s(batch, 2016) / (1 - busy)
-    assert 8.0 * 32 * itl / (k - 1) <= batch < 8.0 * (32 * itl + 0.2) / (k - 1)
+    decoding, held, batch = streams(k - 1)
+    assert decoding <= batch < held
 
 
 def test_the_floor_follows_the_load_already_there() -> None:
