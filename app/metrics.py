@@ -17,6 +17,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from core.errors import SluiceError
 from router.cluster import ClusterSnapshot
+from router.frontends import decode_context_tokens
 
 _LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
@@ -59,6 +60,10 @@ class FrontendMetrics:
         self.tokens = Counter("sluice_output_tokens_total", "Generated tokens", ["model"], registry=r)
         self.input_tokens = Counter("sluice_input_tokens_total", "Prompt tokens of finished requests", ["model"],
                                     registry=r)
+        self.context_tokens = Counter("sluice_decode_context_tokens_total", "Generated tokens times the context "
+                                      "they were generated at (prompt + half the answer), of finished requests: "
+                                      "over the generated tokens, the decode's token-weighted context", ["model"],
+                                      registry=r)
         self.cached_tokens = Counter("sluice_cached_tokens_total", "Prompt tokens the engine found in its prefix "
                                      "cache, of finished requests", ["model"], registry=r)
         self.transferred_tokens = Counter("sluice_transferred_tokens_total", "Prompt tokens whose KV the serving "
@@ -114,6 +119,7 @@ class FrontendMetrics:
         self.child(self.duration, model).observe(total_s)
         self.child(self.tokens, model).inc(completion_tokens)
         self.child(self.input_tokens, model).inc(prompt_tokens)
+        self.child(self.context_tokens, model).inc(decode_context_tokens(prompt_tokens, completion_tokens))
         self.child(self.cached_tokens, model).inc(cached_tokens)
         self.child(self.transferred_tokens, model).inc(transferred_tokens)
 

@@ -86,6 +86,7 @@ from planner.controller import pools_of
 from planner.decision import decode_decision
 from planner.modes import SlaPlanner
 from planner.profile import Profile
+from planner.scaling import lowest
 from router.registry import Registry
 from workers.models.prepare import prepare_model
 
@@ -117,6 +118,9 @@ class Config:
     sure_rise_z: float = PlannerSettings().sure_rise_z
     #: The sla mode's floor grows a pool only on arrivals this many deviations above the forecast (0: always).
     floor_rise_z: float = PlannerSettings().floor_rise_z
+    #: Disaggregated: the prefill pool may go to 0, the decode pool computing the prompts (the planner's
+    #: SLUICE_PLANNER__LOCAL_PREFILL and the oracle's model alike).
+    local_prefill: bool = True
 
 
 def worker_env(c: Config) -> dict[str, str]:
@@ -260,6 +264,7 @@ def planner_env(c: Config, layout: str, profile_path: Path, run_dir: Path) -> di
             "SLUICE_PLANNER__SLA_MARGIN": str(c.margin), "SLUICE_PLANNER__CORRECTION": str(c.correction).lower(),
             "SLUICE_PLANNER__RATE_HEADROOM_Z": str(c.headroom_z), "SLUICE_PLANNER__SURE_SHRINK_Z": str(c.sure_shrink_z),
             "SLUICE_PLANNER__SURE_RISE_Z": str(c.sure_rise_z), "SLUICE_PLANNER__FLOOR_RISE_Z": str(c.floor_rise_z),
+            "SLUICE_PLANNER__LOCAL_PREFILL": str(c.local_prefill).lower(),
             "SLUICE_PLANNER__LOCAL_DIR": str(run_dir), "SLUICE_PLANNER__METRICS_PORT": "-1",
             "SLUICE_PLANNER__LOCK_TTL_S": str(max(3.0, c.step_s)),
             "SLUICE_PLANNER__WORKER_COMMAND": json.dumps([sys.executable, "-m", "sluice", "worker", "--log-level",
@@ -300,7 +305,8 @@ def run_one(c: Config, layout: str, fleet: str, schedule: Schedule | None, profi
                 if fleet == "planner":
                     stack.processes.spawn("planner", [sys.executable, "-m", "sluice", "planner", "--log-level", "info"],
                                           stack.env(**planner_env(c, layout, profile_path, run_dir)))
-                    await wait_fleet(redis, keys, {p: c.min_replicas for p in pools})
+                    await wait_fleet(redis, keys, {p.value: lowest(p, c.min_replicas, c.local_prefill)
+                                                   for p in pools_of(layout)})
                     on_step = None
                     if kill_planner_at is not None:
                         async def on_step(i: int) -> None:
@@ -519,6 +525,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the sla mode's sure rise (SLUICE_PLANNER__SURE_RISE_Z; 0: off)")
     p.add_argument("--floor-rise-z", type=float, default=PlannerSettings().floor_rise_z,
                    help="the sla mode's floor grows a pool only on a rise (SLUICE_PLANNER__FLOOR_RISE_Z; 0: always)")
+    p.add_argument("--local-prefill", action=argparse.BooleanOptionalAction, default=True,
+                   help="disaggregated: the prefill pool may go to 0, the decode pool computing the prompts "
+                        "(SLUICE_PLANNER__LOCAL_PREFILL; the oracle's model too)")
     p.add_argument("--steps", default=f"0:{len(DAY)}",
                    help="FIRST:END: replay the day's steps FIRST to END-1 alone (the same arrivals as in the whole day)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -528,7 +537,7 @@ def parser() -> argparse.ArgumentParser:
 def config_of(args: argparse.Namespace) -> Config:
     return Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
                   args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction,
-                  args.headroom_z, args.sure_shrink_z, args.sure_rise_z, args.floor_rise_z)
+                  args.headroom_z, args.sure_shrink_z, args.sure_rise_z, args.floor_rise_z, args.local_prefill)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -539,7 +548,7 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="sluice-planner-bench-"))
     profile_path = args.profile or work / "profile.json"
     profile = Profile.load(profile_path) if args.profile else measure_profile(c, tokenizer_dir, profile_path, console)
-    sla = SlaPlanner(profile, c.ttft_s * c.margin, c.itl_s * c.margin, c.utilization)
+    sla = SlaPlanner(profile, c.ttft_s * c.margin, c.itl_s * c.margin, c.utilization, c.local_prefill)
     layouts = [x for x in args.layouts.split(",") if x]
     fleets = [x for x in args.fleets.split(",") if x]
     first, end = (int(x) for x in args.steps.split(":"))

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                   console)
     else:
         profile = Profile.load(args.profile)
-    sla = SlaPlanner(profile, c.ttft_s * c.margin, c.itl_s * c.margin, c.utilization)
+    sla = SlaPlanner(profile, c.ttft_s * c.margin, c.itl_s * c.margin, c.utilization, c.local_prefill)
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = [r for layout in args.layouts.split(",") for r in rows_for(c, sla, layout, seeds)]
     table = Table(title=f"Offline sizing of the bench's day ({len(DAY)} intervals of {c.step_s:g} s, seeds {args.seeds})")

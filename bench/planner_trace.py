@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from core.settings import PlannerSettings
 from planner.modes import Corrections, Forecast, SlaPlanner, with_headroom
 from planner.predictors import PredictorKind, make_predictor
-from planner.scaling import PoolMemory, bounded, settle
+from planner.scaling import PoolMemory, bounded, lowest, settle
 
 CHAT = (512, 128)
 LONG = (2000, 32)
@@ -114,7 +114,8 @@ def sized(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout: 
     replicas: dict[str, list[int]] = {}
     for step, rate in zip(day, rates, strict=True):
         for plan in sla.plan("m", layout, Forecast(rate, step.isl, step.osl), Corrections()):
-            replicas.setdefault(plan.ref.pool.value, []).append(bounded(plan.replicas, lo, hi))
+            replicas.setdefault(plan.ref.pool.value, []).append(
+                bounded(plan.replicas, lowest(plan.ref.pool, lo, sla.local_prefill), hi))
     return Schedule(name, replicas)
 
 
@@ -141,15 +142,15 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
         sure = sla.sure_replicas("m", layout, rates[i - 2], rates[i - 1], seen_f, Corrections(), sure_z, step_s) \
             if i >= 2 else {}
         for plan in sla.plan("m", layout, with_headroom(seen_f, z, step_s), Corrections()):
-            pool = plan.ref.pool.value
-            wanted = bounded(plan.replicas, lo, hi)
+            pool, least = plan.ref.pool.value, lowest(plan.ref.pool, lo, sla.local_prefill)
+            wanted = bounded(plan.replicas, least, hi)
             counts = replicas.setdefault(pool, [])
             if not counts:
                 counts.append(wanted)
                 memory[pool] = PoolMemory(last_up=i)
                 continue
             target, _ = settle(counts[-1], wanted, memory[pool], i, down_after, cooldown,
-                               bounded(sure[plan.ref], lo, hi) if plan.ref in sure else None)
+                               bounded(sure[plan.ref], least, hi) if plan.ref in sure else None)
             counts.append(target)
     return Schedule(f"causal-{layout}-z{z:g}-{'h' if down_after > 1 or cooldown else 'nh'}"
                     f"{f'-sure{sure_z:g}' if sure_z else ''}{'' if predictor == 'constant' else '-' + predictor}",

@@ -384,6 +384,12 @@ class PlannerSettings(BaseModel):
     #: the bench's day the latency ratios of intervals of a few requests swung the plan both ways
     #: (docs/planner.md, "The latency correction").
     correction: bool = False
+    #: ``sla`` mode, ``disagg`` layout: the prefill pool may shrink to 0 when the decode pool alone, its
+    #: workers computing the prompts themselves (conditional disaggregation, router/disagg.py: with no
+    #: prefill worker live every prompt stays local), meets the targets with fewer workers than the two
+    #: pools together (planner.modes.SlaPlanner.plan); the other pools keep ``min_replicas``. Off: every
+    #: pool keeps ``min_replicas`` (docs/planner.md, "Prefill to zero").
+    local_prefill: bool = False
     throughput_thresholds: PlannerThresholds = PlannerThresholds()
     latency_thresholds: PlannerThresholds = PlannerThresholds(kv_high=0.6, kv_low=0.25, queue_high=0.5)
     load_thresholds: PlannerThresholds = PlannerThresholds()

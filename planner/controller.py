@@ -49,7 +49,7 @@ from planner.observe import PoolState, TrafficMeter, TrafficSample, pool_states
 from planner.predictors import Predictor, PredictorKind, make_predictor
 from planner.profile import Profile
 from planner.prometheus import PrometheusError, PrometheusTraffic
-from planner.scaling import PoolMemory, bounded, fit_budget, floor_allowed, grow_only, settle
+from planner.scaling import PoolMemory, bounded, fit_budget, floor_allowed, grow_only, lowest, settle
 from router.cluster import ClusterReader, ClusterSnapshot
 
 log = logging.getLogger("sluice.planner")
@@ -64,22 +64,28 @@ def pools_of(layout: str) -> tuple[Pool, ...]:
 
 @dataclass(slots=True)
 class ModelForecaster:
-    """One model's predictors (rate, input length, output length) and recent observations."""
+    """One model's predictors (rate, input length, output length, the decode's context) and recent
+    observations (``contexts`` beside ``history``, -1 where unknown)."""
 
     rate: Predictor
     isl: Predictor
     osl: Predictor
+    context: Predictor
     history: list[tuple[float, float, float]]
+    contexts: list[float]
 
-    def observe(self, rate: float, isl: float | None, osl: float | None) -> None:
+    def observe(self, rate: float, isl: float | None, osl: float | None, context: float | None = None) -> None:
+        """``context`` None with lengths known (a frontend that does not count it): that of one shape."""
         self.rate.observe(rate)
         if isl is not None and osl is not None:
             self.isl.observe(isl)
             self.osl.observe(osl)
+            self.context.observe(context if context is not None else isl + osl / 2)
         self.history = [*self.history, (rate, -1.0 if isl is None else isl, -1.0 if osl is None else osl)][-HISTORY_KEPT:]
+        self.contexts = [*self.contexts, -1.0 if context is None else context][-HISTORY_KEPT:]
 
     def forecast(self) -> Forecast:
-        return Forecast(self.rate.predict(), self.isl.predict(), self.osl.predict())
+        return Forecast(self.rate.predict(), self.isl.predict(), self.osl.predict(), self.context.predict())
 
 
 def _predictor(kind: PredictorKind, window: int) -> Predictor:
@@ -109,23 +115,38 @@ class Planner:
             profile = profile or (Profile.load(settings.profile) if settings.profile else None)
             if profile is None:
                 raise ValueError("the sla mode needs a profile: SLUICE_PLANNER__PROFILE (sluice profile writes one)")
+        #: The prefill pools may go to 0 (PlannerSettings.local_prefill: the sla mode, disaggregated).
+        self.local_prefill = settings.local_prefill and settings.mode == "sla" and settings.layout == "disagg"
         self.sla = SlaPlanner(profile, settings.ttft_s * settings.sla_margin, settings.itl_s * settings.sla_margin,
-                              settings.prefill_utilization) if profile else None
+                              settings.prefill_utilization, self.local_prefill) if profile else None
         self.meter = TrafficMeter()
         #: Where the traffic is read when it is not the frontends' counters (SLUICE_PLANNER__SOURCE).
         self.prometheus = prometheus
         self.tick = 0
         self.memory: dict[PoolRef, PoolMemory] = {r: PoolMemory() for r in self.refs}
-        self.forecasters = {m: self._forecaster([]) for m in models}
+        self.forecasters = {m: self._forecaster([], []) for m in models}
         self.corrections = {m: Corrections() for m in models}
         self.last: Decision | None = None
 
-    def _forecaster(self, history: list[tuple[float, float, float]]) -> ModelForecaster:
+    def _forecaster(self, history: list[tuple[float, float, float]], contexts: list[float]) -> ModelForecaster:
+        """Predictors fed ``history`` again; ``contexts`` may be shorter (an older planner's state): its
+        last ones go with the last observations."""
         kind, window = self.s.predictor, self.s.predictor_window
-        f = ModelForecaster(_predictor(kind, window), _predictor(kind, window), _predictor(kind, window), [])
-        for rate, isl, osl in history:
-            f.observe(rate, isl if isl >= 0 else None, osl if osl >= 0 else None)
+        rate_p, isl_p, osl_p, context_p = (_predictor(kind, window) for _ in range(4))
+        f = ModelForecaster(rate_p, isl_p, osl_p, context_p, [], [])
+        known = [-1.0] * (len(history) - len(contexts)) + contexts[-len(history):] if history else []
+        for (rate, isl, osl), context in zip(history, known, strict=True):
+            f.observe(rate, isl if isl >= 0 else None, osl if osl >= 0 else None, context if context >= 0 else None)
         return f
+
+    def _bounded(self, ref: PoolRef, wanted: int) -> int:
+        return bounded(wanted, lowest(ref.pool, self.s.min_replicas, self.local_prefill), self.s.max_replicas)
+
+    def _local(self, model: str, states: dict[PoolRef, PoolState]) -> bool:
+        """Whether ``model``'s decode pool computes its prompts itself: prefill may go to 0 and no prefill
+        worker is live (the router then keeps every prompt local, router/disagg.py)."""
+        prefill = states.get(PoolRef(model, Pool.PREFILL))
+        return self.local_prefill and prefill is not None and prefill.workers == 0
 
     @property
     def thresholds(self) -> PlannerThresholds:
@@ -185,7 +206,8 @@ class Planner:
                         if key in state.shrunk:
                             memory.last_down, memory.shrunk_from = state.shrunk[key]
                 for model in self.models:
-                    self.forecasters[model] = self._forecaster(state.history.get(model, []))
+                    self.forecasters[model] = self._forecaster(state.history.get(model, []),
+                                                               state.contexts.get(model, []))
                     self.corrections[model] = Corrections(*state.corrections.get(model, ()))
                 log.info("planner: resuming at interval %d from the state of %.0f s ago", self.tick,
                          self.clock() - state.at)
@@ -230,35 +252,37 @@ class Planner:
         refs = [r for r in self.refs if r.model == model]
         observed, ended = None, None
         forecaster, corrections = self.forecasters[model], self.corrections[model]
+        local = self._local(model, states)
         if traffic is not None:
             sample = traffic.get(model) or TrafficSample(self.s.interval_s, 0, 0, None, None, None, None)
-            observed = Traffic(sample.rate, sample.isl, sample.osl, sample.ttft_s, sample.itl_s)
+            observed = Traffic(sample.rate, sample.isl, sample.osl, sample.ttft_s, sample.itl_s, sample.context)
             if self.sla is not None:
-                prefill_pool, decode_pool = (Pool.PREFILL, Pool.DECODE) if self.s.layout == "disagg" else (Pool.AGG,) * 2
+                decode_pool = Pool.DECODE if self.s.layout == "disagg" else Pool.AGG
+                prefill_pool = Pool.PREFILL if self.s.layout == "disagg" and not local else decode_pool
                 corrections.set_models(*self.sla.model_factors(
                     forecaster.forecast(), states.get(PoolRef(model, prefill_pool)), states.get(PoolRef(model, decode_pool))))
                 if self.s.correction:
-                    self.sla.correct(corrections, sample, states, model, self.s.layout)
+                    self.sla.correct(corrections, sample, states, model, self.s.layout, local)
             # The floor's gate at an interval's end: the interval that ended against what was forecast for it.
             if self.s.floor_rise_z > 0 and forecaster.history:
                 ended = (sample, forecaster.forecast())
-            forecaster.observe(sample.rate, sample.isl, sample.osl)
+            forecaster.observe(sample.rate, sample.isl, sample.osl, sample.context)
         forecast = forecaster.forecast()
-        predicted = Traffic(forecast.rate, forecast.isl, forecast.osl)
+        predicted = Traffic(forecast.rate, forecast.isl, forecast.osl, context=forecast.context)
         view = ModelView(model, observed, predicted, corrections.prefill, corrections.decode, corrections.prefill_model,
                          corrections.decode_model)
         if kind == "fast":
             burst = PlannerThresholds(kv_high=self.s.burst_kv, kv_low=0.0, queue_high=self.s.burst_queue)
             plans = [threshold_plan(states[r], burst) for r in refs]
             if self.sla is not None and forecaster.history and forecast.isl > 0:
-                rise = self._sure_rise(model, forecast, corrections, so_far)
+                rise = self._sure_rise(model, forecast, corrections, so_far, local)
                 if so_far is not None and not rise and self.s.sure_rise_z > 0:  # what a hold's record says
                     plans = [replace(p, reason=f"{p.reason}; {_so_far(so_far, forecast)}: not a sure rise")
                              for p in plans]
                 opened = self._floor_opened(so_far, forecast)
                 plans = [self._with_floor(_at_least(p, *rise.get(p.ref, (0, ""))), states[p.ref], forecast,
                                           corrections, rising=opened or p.ref in rise,
-                                          grows=opened or p.ref in rise or self.s.floor_rise_z <= 0)
+                                          grows=opened or p.ref in rise or self.s.floor_rise_z <= 0, local=local)
                          for p in plans]
             return view, plans
         if self.sla is not None and self.s.mode == "sla":
@@ -267,25 +291,25 @@ class Planner:
             if forecast.isl <= 0:  # requests arrive but none has finished yet: lengths unknown
                 return view, [PoolPlan(r, states[r].workers, "no request finished yet") for r in refs]
             planned = with_headroom(forecast, self.s.rate_headroom_z, self.s.interval_s)
-            plans = self.sla.plan(model, self.s.layout, planned, corrections)
+            plans = self.sla.plan(model, self.s.layout, planned, corrections, local)
             if len(history := forecaster.history) >= 2:
                 sure = self.sla.sure_replicas(model, self.s.layout, history[-2][0], history[-1][0], forecast,
-                                              corrections, self.s.sure_shrink_z, self.s.interval_s)
+                                              corrections, self.s.sure_shrink_z, self.s.interval_s, local)
                 plans = [replace(p, sure_replicas=sure.get(p.ref)) for p in plans]
             opened = self._floor_opened(*ended) if ended is not None else False
             return view, [self._with_floor(p, states[p.ref], forecast, corrections, rising=opened,
-                                           grows=opened or self.s.floor_rise_z <= 0) for p in plans]
+                                           grows=opened or self.s.floor_rise_z <= 0, local=local) for p in plans]
         return view, [threshold_plan(states[r], self.thresholds) for r in refs]
 
-    def _sure_rise(self, model: str, forecast: Forecast, c: Corrections,
-                   so_far: TrafficSample | None) -> dict[PoolRef, tuple[int, str]]:
+    def _sure_rise(self, model: str, forecast: Forecast, c: Corrections, so_far: TrafficSample | None,
+                   local: bool = False) -> dict[PoolRef, tuple[int, str]]:
         """The fast path's sure rise (planner.modes.SlaPlanner.rise_replicas) on the interval so far: the
         workers each pool needs, with the reason; empty when the arrivals are within the forecast's noise."""
         assert self.sla is not None
         if so_far is None:
             return {}
         sizes = self.sla.rise_replicas(model, self.s.layout, forecast, so_far.arrived, so_far.duration_s, c,
-                                       self.s.sure_rise_z)
+                                       self.s.sure_rise_z, local)
         why = f"a sure rise: {_so_far(so_far, forecast)}"
         return {ref: (n, f"{why}: {n} workers") for ref, n in sizes.items()}
 
@@ -298,18 +322,19 @@ class Planner:
         return z > 0 and arrivals is not None and rate_rose(forecast.rate, arrivals.arrived, arrivals.duration_s, z)
 
     def _with_floor(self, plan: PoolPlan, state: PoolState, forecast: Forecast, c: Corrections,
-                    rising: bool = False, grows: bool = True) -> PoolPlan:
+                    rising: bool = False, grows: bool = True, local: bool = False) -> PoolPlan:
         """``sla`` mode: never fewer workers than the load already on the pool needs (planner.modes), except
         that within the cooldown after a shrink it only grows the pool past the size it shrank from
         (planner.scaling.floor_allowed; the floor taken within the bounds, as the wish is in :meth:`_apply`),
         unless the arrivals of the interval so far rose past the forecast (``rising``): a ramp, not a flap.
         With ``grows`` False (the floor's gate is shut, :meth:`_floor_opened`) the floor only keeps the pool
-        from shrinking under its load: it asks for no more workers than the pool has."""
+        from shrinking under its load: it asks for no more workers than the pool has. ``local``: the
+        model's decode pool computes its prompts (:meth:`_local`), so its waiting prompts count too."""
         assert self.sla is not None
-        floor, why = self.sla.floor(state, forecast, c)
+        floor, why = self.sla.floor(state, forecast, c, local)
         kept = max(plan.replicas, state.workers)
         if not grows and floor > kept:  # the gate is shut: keep the pool from shrinking under its load, no more
-            held = bounded(floor, self.s.min_replicas, self.s.max_replicas)
+            held = self._bounded(plan.ref, floor)
             why = f"{why}: {floor} workers held (arrivals within {self.s.floor_rise_z:g} deviations of the forecast)"
             floor = kept
             if floor <= plan.replicas:
@@ -319,7 +344,7 @@ class Planner:
         memory = self.memory[plan.ref]
         # The load already on the pool is not a fall, whatever the rate says: no sure shrink under it.
         sure = None if plan.sure_replicas is None else max(plan.sure_replicas, floor)
-        within = bounded(floor, self.s.min_replicas, self.s.max_replicas)
+        within = self._bounded(plan.ref, floor)
         if not rising and not floor_allowed(memory, self.tick, self.s.cooldown_intervals, within):
             return replace(plan, reason=f"{plan.reason}; {why}: {floor} workers held (shrank from "
                                         f"{memory.shrunk_from} at interval {memory.last_down})", sure_replicas=sure,
@@ -337,17 +362,17 @@ class Planner:
         wanted: dict[PoolRef, int] = {}
         for plan in plans:
             ref, before = plan.ref, requested[plan.ref]
-            wanted[ref] = bounded(plan.replicas, self.s.min_replicas, self.s.max_replicas)
+            wanted[ref] = self._bounded(ref, plan.replicas)
             if kind == "fast":
                 targets[ref], notes[ref] = grow_only(before, wanted[ref], self.memory[ref], self.tick)
             else:
-                sure = None if plan.sure_replicas is None else \
-                    bounded(plan.sure_replicas, self.s.min_replicas, self.s.max_replicas)
+                sure = None if plan.sure_replicas is None else self._bounded(ref, plan.sure_replicas)
                 targets[ref], notes[ref] = settle(before, wanted[ref], self.memory[ref], self.tick,
                                                   self.s.down_after_intervals, self.s.cooldown_intervals, sure)
         # The fast path never shrinks, through the budget either: a pool that grows takes only what the
         # others leave (cutting one to grow another was a flap a tick, the disagg 60-second run).
-        floors = {r: requested[r] if kind == "fast" else self.s.min_replicas for r in targets}
+        floors = {r: requested[r] if kind == "fast" else lowest(r.pool, self.s.min_replicas, self.local_prefill)
+                  for r in targets}
         fitted = fit_budget(targets, floors, self.s.budget)
         pools = []
         for plan in plans:
@@ -390,6 +415,7 @@ class Planner:
             memory={str(r): (m.last_up, list(m.low)) for r, m in self.memory.items()},
             shrunk={str(r): (m.last_down, m.shrunk_from) for r, m in self.memory.items() if m.shrunk_from},
             history={m: list(f.history) for m, f in self.forecasters.items()},
+            contexts={m: list(f.contexts) for m, f in self.forecasters.items()},
             corrections={m: (c.prefill, c.decode, c.prefill_model, c.decode_model) for m, c in self.corrections.items()})
         await self.redis.set(self.keys.planner_state, encode(state))
 

@@ -15,6 +15,8 @@ class Traffic(msgspec.Struct, frozen=True, omit_defaults=True):
     osl: float | None = None
     ttft_s: float | None = None
     itl_s: float | None = None
+    #: The decode's token-weighted context (planner.observe.TrafficSample.context).
+    context: float | None = None
 
 
 class ModelView(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -84,6 +86,8 @@ class PlannerState(msgspec.Struct, omit_defaults=True):
     shrunk: dict[str, tuple[int, int]] = msgspec.field(default_factory=dict)
     #: model -> observations, oldest first, each [rate, isl or -1, osl or -1].
     history: dict[str, list[tuple[float, float, float]]] = msgspec.field(default_factory=dict)
+    #: model -> the decode's context of each of those observations (-1: unknown; an older state: none).
+    contexts: dict[str, list[float]] = msgspec.field(default_factory=dict)
     #: model -> its corrections: prefill, decode, prefill_model, decode_model (an older state: the first two).
     corrections: dict[str, tuple[float, ...]] = msgspec.field(default_factory=dict)
     version: int = 1

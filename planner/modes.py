@@ -19,22 +19,27 @@ over expected TTFT and ITL):
   at utilization ``rho``, so the highest utilization that keeps the mean TTFT within the target ``T`` is
   ``rho* = min(prefill_utilization, 2k / (1 + 2k))`` with ``k = (T - S) / S``; prefill workers:
   ``ceil(r S / rho*)``;
-* a decode worker holds the largest batch ``b`` whose ITL (times ``c_d``) meets the ITL target at context
-  ``I + O / 2``; streams decode for ``O * itl(b)`` each, so ``r O itl(b)`` of them run at once (Little's
-  law), and decode workers: ``ceil(r O itl(b) / b)``;
+* a decode worker holds the largest batch ``b`` whose ITL (times ``c_d``) meets the ITL target at the
+  decode's context ``C`` (:attr:`Forecast.decode_context`: the token-weighted context the frontends count,
+  ``I + O / 2`` for requests of one shape); streams decode for ``O * itl(b)`` each, so ``r O itl(b)`` of
+  them run at once (Little's law), and decode workers: ``ceil(r O itl(b) / b)``;
 * an aggregated worker does both: the fewest ``n`` whose prefill share ``busy = r S / n`` stays under
   ``rho*``, and whose streams fit the batch ``b`` that meets the ITL target with the decode's time cut to
   ``1 - busy`` (prefill steps stall the batch): ``r (O itl + S) / n <= b``, with ``itl = itl(b) / (1 - busy)``.
   A stream holds its KV from its prefill on, so the prefill's ``S`` counts in what a worker holds: with long
   prompts and short answers it is a tenth of a stream's stay (2,000 tokens and 32: the day's long-prompt
   phase needed 7 workers live where the decode alone counted 6, docs/planner.md).
+* disaggregated with ``local_prefill``: when the decode pool alone, sized as aggregated workers (they
+  compute the prompts themselves: with no prefill worker live the router keeps every prompt local,
+  router/disagg.py), takes fewer workers than the two pools apart (a kept pool has one at least), the
+  prefill pool plans 0 and the decode pool that many; on a tie the pools stay as they are.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.pools import Pool
 from core.settings import PlannerThresholds
@@ -59,6 +64,13 @@ class Forecast:
     rate: float
     isl: float
     osl: float
+    #: The context a decode step holds, weighted by tokens (planner.observe.TrafficSample.context); None:
+    #: unknown, ``isl + osl / 2`` (the same for requests of one shape).
+    context: float | None = None
+
+    @property
+    def decode_context(self) -> float:
+        return self.context if self.context is not None and self.context > 0 else self.isl + self.osl / 2
 
 
 def with_headroom(f: Forecast, z: float, interval_s: float) -> Forecast:
@@ -69,7 +81,7 @@ def with_headroom(f: Forecast, z: float, interval_s: float) -> Forecast:
     and low rates."""
     if f.rate <= 0 or z <= 0:
         return f
-    return Forecast(f.rate + z * math.sqrt(f.rate / interval_s), f.isl, f.osl)
+    return replace(f, rate=f.rate + z * math.sqrt(f.rate / interval_s))
 
 
 def upper_forecast(f: Forecast, z: float, interval_s: float) -> Forecast:
@@ -77,7 +89,7 @@ def upper_forecast(f: Forecast, z: float, interval_s: float) -> Forecast:
     arrivals counted, and never fewer than one arrival's (an interval with none may still come from a low
     rate). What that rate needs is where a sure shrink stops (planner.scaling.settle)."""
     count = max(f.rate, 0.0) * interval_s
-    return Forecast((count + z * math.sqrt(max(count, 1.0))) / interval_s, f.isl, f.osl)
+    return replace(f, rate=(count + z * math.sqrt(max(count, 1.0))) / interval_s)
 
 
 def rate_fell(previous: float, current: float, z: float, interval_s: float) -> bool:
@@ -186,6 +198,9 @@ class SlaPlanner:
     ttft_s: float
     itl_s: float
     prefill_utilization: float = 0.7
+    #: ``disagg``: the prefill pool may go to 0 workers, the decode pool computing the prompts itself,
+    #: when that takes fewer workers (:meth:`plan`; PlannerSettings.local_prefill).
+    local_prefill: bool = False
 
     def prefill_service_s(self, isl: float, c: Corrections) -> float:
         return self.profile.ttft_s(isl) * c.prefill_factor
@@ -205,9 +220,8 @@ class SlaPlanner:
             return math.inf
         return s + rho * s / (2 * (1 - rho))
 
-    def decode_batch(self, isl: float, osl: float, c: Corrections) -> tuple[int, float]:
-        """The batch a decode worker holds within the ITL target, and its ITL there."""
-        context = isl + osl / 2
+    def decode_batch(self, context: float, c: Corrections) -> tuple[int, float]:
+        """The batch a decode worker holds within the ITL target at ``context``, and its ITL there."""
         batch = max(1, self.profile.decode_batch_within(self.itl_s, context, c.decode_factor))
         return batch, self.profile.itl_s(batch, context) * c.decode_factor
 
@@ -215,14 +229,14 @@ class SlaPlanner:
         """Worker-equivalents for prefill and decode, the prompt's service time and the decode ITL."""
         s = self.prefill_service_s(f.isl, c)
         prefill = f.rate * s / self.prefill_rho(s)
-        batch, itl = self.decode_batch(f.isl, f.osl, c)
+        batch, itl = self.decode_batch(f.decode_context, c)
         decode = f.rate * f.osl * itl / batch
         return prefill, decode, s, itl
 
     def agg_workers(self, f: Forecast, c: Corrections) -> tuple[int, float]:
         """The fewest aggregated workers for ``f``, and the ITL they give (see the module's docstring)."""
         s = self.prefill_service_s(f.isl, c)
-        rho_max, context = self.prefill_rho(s), f.isl + f.osl / 2
+        rho_max, context = self.prefill_rho(s), f.decode_context
         for n in range(1, MAX_WORKERS + 1):
             busy = f.rate * s / n
             if busy >= rho_max:
@@ -236,13 +250,24 @@ class SlaPlanner:
         prefill, decode, _, itl = self.needs(f, c)  # out of reach: the two phases' sum, as for pools apart
         return replicas_for(prefill + decode), itl
 
-    def plan(self, model: str, layout: str, f: Forecast, c: Corrections) -> list[PoolPlan]:
+    def plan(self, model: str, layout: str, f: Forecast, c: Corrections, local_now: bool = False) -> list[PoolPlan]:
+        """Each pool's workers for ``f``. With ``local_prefill``, disaggregated: the decode pool alone when it
+        takes fewer workers than the pools apart, and on a tie when it already computes the prompts
+        (``local_now``: no prefill worker live), so that a tie does not start and stop a prefill worker."""
         prefill, decode, s, itl = self.needs(f, c)
         why = (f"predicted {f.rate:.2f} req/s, isl {f.isl:.0f}, osl {f.osl:.0f}; prompt {s:.3f} s "
                f"(corrections prefill {c.prefill:.2f} x {c.prefill_model:.2f}, decode {c.decode:.2f} x "
                f"{c.decode_model:.2f})")
         if layout == "disagg":
             n_p, n_d = replicas_for(prefill), replicas_for(decode)
+            if self.local_prefill:  # the decode pool alone, as aggregated workers, when that takes fewer
+                n, local_itl = self.agg_workers(f, c)
+                apart = max(n_p, 1) + max(n_d, 1)  # a pool that is kept has a worker
+                if n < apart or (n == apart and local_now):
+                    local = f"{why}: the decode pool computes the prompts, {n} workers ({apart} apart)"
+                    return [PoolPlan(PoolRef(model, Pool.PREFILL), 0, local, None, None),
+                            PoolPlan(PoolRef(model, Pool.DECODE), n, f"{local}, itl {local_itl * 1000:.1f} ms",
+                                     self.expected_ttft_s(f.rate, f.isl, n, c), local_itl)]
             return [PoolPlan(PoolRef(model, Pool.PREFILL), n_p, f"{why}: {prefill:.2f} prefill workers",
                              self.expected_ttft_s(f.rate, f.isl, max(n_p, 1), c), None),
                     PoolPlan(PoolRef(model, Pool.DECODE), n_d, f"{why}, itl {itl * 1000:.1f} ms: {decode:.2f} decode "
@@ -252,16 +277,16 @@ class SlaPlanner:
                          self.expected_ttft_s(f.rate, f.isl, n, c), itl)]
 
     def sure_replicas(self, model: str, layout: str, previous: float, current: float, f: Forecast, c: Corrections,
-                      z: float, interval_s: float) -> dict[PoolRef, int]:
+                      z: float, interval_s: float, local_now: bool = False) -> dict[PoolRef, int]:
         """The sure shrink's sizes: when the rate fell from ``previous`` to ``current`` (the last two
         intervals' observed rates) past the noise (:func:`rate_fell`), what the upper end of ``f``'s rate
         (:func:`upper_forecast`) needs per pool; empty otherwise, or with ``z`` 0 (off)."""
         if z <= 0 or not rate_fell(previous, current, z, interval_s):
             return {}
-        return {p.ref: p.replicas for p in self.plan(model, layout, upper_forecast(f, z, interval_s), c)}
+        return {p.ref: p.replicas for p in self.plan(model, layout, upper_forecast(f, z, interval_s), c, local_now)}
 
     def rise_replicas(self, model: str, layout: str, f: Forecast, arrived: int, elapsed_s: float, c: Corrections,
-                      z: float) -> dict[PoolRef, int]:
+                      z: float, local_now: bool = False) -> dict[PoolRef, int]:
         """The sure rise's sizes: when the current interval's ``arrived`` requests in its first ``elapsed_s``
         seconds passed what ``f`` predicted by more than the noise (:func:`rate_rose`), what the rate they
         show needs per pool; empty otherwise, or with ``z`` 0 (off). The rate observed is the estimate: the
@@ -269,21 +294,22 @@ class SlaPlanner:
         first seconds of a ramp under the forecast itself."""
         if z <= 0 or not rate_rose(f.rate, arrived, elapsed_s, z):
             return {}
-        observed = Forecast(arrived / elapsed_s, f.isl, f.osl)
-        return {p.ref: p.replicas for p in self.plan(model, layout, observed, c)}
+        observed = replace(f, rate=arrived / elapsed_s)
+        return {p.ref: p.replicas for p in self.plan(model, layout, observed, c, local_now)}
 
-    def floor(self, state: PoolState, f: Forecast, c: Corrections) -> tuple[int, str]:
+    def floor(self, state: PoolState, f: Forecast, c: Corrections, local: bool = False) -> tuple[int, str]:
         """The workers the load already on the pool needs, whatever was predicted: its KV usage brought down
         to the usage at which the profile's ITL meets the target (pools that decode), and its waiting
-        prompts computed within the TTFT target (pools that prefill)."""
+        prompts computed within the TTFT target (pools that prefill; a decode pool too when ``local``: it
+        computes its prompts itself, no prefill worker being live)."""
         n, pool, out, why = state.workers, state.ref.pool, 0, []
         if pool.serves_clients and n:
-            context = max(f.isl + f.osl / 2, 1.0)
+            context = max(f.decode_context, 1.0)
             batch = max(1, self.profile.decode_batch_within(self.itl_s, context, c.decode_factor))
             usage_at_target = min(1.0, batch * context / self.profile.kv_tokens)
             out = replicas_for(n * state.kv_usage / usage_at_target)
             why.append(f"kv usage {state.kv_usage:.2f} (target {usage_at_target:.2f})")
-        if pool is not Pool.DECODE and state.pending:
+        if (pool is not Pool.DECODE or local) and state.pending:
             s = self.prefill_service_s(max(f.isl, 1.0), c)
             out = max(out, replicas_for(state.pending * s / self.ttft_s))
             why.append(f"{state.pending} prompts waiting")
@@ -297,7 +323,7 @@ class SlaPlanner:
         reference = TimingModel.decode_text(self.profile.timing)
         if reference is None:
             return None, None
-        context = max(f.isl + f.osl / 2, 1.0)
+        context = max(f.decode_context, 1.0)
         batch = max(1, self.profile.decode_batch_within(self.itl_s, context))
         usage = min(1.0, batch * context / self.profile.kv_tokens)
 
@@ -310,15 +336,17 @@ class SlaPlanner:
                 ratio(decode.timings, lambda m: m.decode_ms(usage)) if decode else None)
 
     def correct(self, c: Corrections, sample: TrafficSample, states: dict[PoolRef, PoolState], model: str,
-                layout: str) -> None:
+                layout: str, local: bool = False) -> None:
         """Fold one interval's observed TTFT and ITL into the corrections, against what the profile
-        expected for the load that was observed on the workers that served it."""
+        expected for the load that was observed on the workers that served it (``local``: a disaggregated
+        layout's decode pool computed the prompts, as aggregated workers do)."""
         if sample.isl is None:
             return
-        prefill_pool = Pool.PREFILL if layout == "disagg" else Pool.AGG
         decode_pool = Pool.DECODE if layout == "disagg" else Pool.AGG
+        prefill_pool = decode_pool if local or layout != "disagg" else Pool.PREFILL
+        layout = "agg" if local else layout
         p_state, d_state = states.get(PoolRef(model, prefill_pool)), states.get(PoolRef(model, decode_pool))
-        context = sample.isl + (sample.osl or 0.0) / 2
+        context = sample.context or sample.isl + (sample.osl or 0.0) / 2
         per_worker = max(1.0, d_state.running / d_state.workers) if d_state is not None and d_state.workers else 1.0
         if p_state is not None and p_state.workers and sample.ttft_s is not None:
             unit = Corrections(1.0, c.decode, c.prefill_model, c.decode_model)

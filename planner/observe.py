@@ -32,6 +32,9 @@ class TrafficSample:
     osl: float | None
     ttft_s: float | None
     itl_s: float | None
+    #: The context the interval's decode steps held, weighted by tokens (router.frontends.LoadCounters);
+    #: None: no token generated, or counters from a frontend that does not count it.
+    context: float | None = None
 
     @property
     def rate(self) -> float:
@@ -45,7 +48,8 @@ def sample_of(delta: LoadCounters, duration_s: float) -> TrafficSample:
         isl=delta.input_tokens / delta.finished if delta.finished else None,
         osl=delta.output_tokens / delta.finished if delta.finished else None,
         ttft_s=delta.ttft_s / delta.ttft_n if delta.ttft_n else None,
-        itl_s=delta.decode_s / delta.gaps if delta.gaps else None)
+        itl_s=delta.decode_s / delta.gaps if delta.gaps else None,
+        context=delta.context_tokens / delta.output_tokens if delta.output_tokens and delta.context_tokens else None)
 
 
 def _minus(a: LoadCounters, b: LoadCounters) -> LoadCounters:

@@ -4,7 +4,7 @@ scrape them; the pools are still read from the workers' leases.
 
 Each interval it asks, per model, for the increase over the interval of the frontends' counters
 (docs/metrics.md): requests (``sluice_requests_total``: all of them for the rate, those that did not fail
-for the means), prompt and generated tokens, and the sums and counts of the TTFT and ITL histograms.
+for the means), prompt and generated tokens, the decode's context, and the sums and counts of the TTFT and ITL histograms.
 Prometheus counts requests as they finish (the frontends' own counters count them as they arrive), so
 its rate trails a ramp by a request's duration. One HTTP round trip per query, concurrently.
 """
@@ -23,6 +23,7 @@ QUERIES = {
     "finished": 'sum by (model) (increase(sluice_requests_total{{outcome!="error"}}[{w}s]))',
     "input": "sum by (model) (increase(sluice_input_tokens_total[{w}s]))",
     "output": "sum by (model) (increase(sluice_output_tokens_total[{w}s]))",
+    "context": "sum by (model) (increase(sluice_decode_context_tokens_total[{w}s]))",
     "ttft_sum": "sum by (model) (increase(sluice_time_to_first_token_seconds_sum[{w}s]))",
     "ttft_n": "sum by (model) (increase(sluice_time_to_first_token_seconds_count[{w}s]))",
     "itl_sum": "sum by (model) (increase(sluice_inter_token_latency_seconds_sum[{w}s]))",
@@ -66,5 +67,6 @@ class PrometheusTraffic:
                 duration_s=float(w), arrived=round(v["arrived"]), finished=round(finished),
                 isl=v["input"] / finished if finished else None, osl=v["output"] / finished if finished else None,
                 ttft_s=v["ttft_sum"] / v["ttft_n"] if v["ttft_n"] else None,
-                itl_s=v["itl_sum"] / v["itl_n"] if v["itl_n"] else None)
+                itl_s=v["itl_sum"] / v["itl_n"] if v["itl_n"] else None,
+                context=v["context"] / v["output"] if v["output"] and v["context"] else None)
         return out

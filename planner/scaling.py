@@ -1,7 +1,8 @@
 """From a mode's wish to the replicas the planner asks for: bounds, hysteresis and the budget, as pure
 functions (the controller keeps each pool's :class:`PoolMemory` across intervals and restarts).
 
-* Bounds: each pool between ``min_replicas`` and ``max_replicas``.
+* Bounds: each pool between ``min_replicas`` and ``max_replicas``; a prefill pool may go to 0 when the
+  ``sla`` mode computes prompts on the decode pool (:func:`lowest`).
 * Hysteresis (:func:`settle`): a pool grows at once; it shrinks only after ``down_after`` intervals in a
   row that each wanted fewer workers, to the most of those wishes, and never within ``cooldown``
   intervals of growing. A steady load therefore never scales a pool up and down within two intervals.
@@ -21,6 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from core.pools import Pool
+
 K = TypeVar("K")
 
 
@@ -37,6 +40,12 @@ class PoolMemory:
 
 def bounded(wanted: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, wanted))
+
+
+def lowest(pool: Pool, min_replicas: int, local_prefill: bool) -> int:
+    """The fewest workers ``pool`` may have: ``min_replicas``, or 0 for a prefill pool whose prompts the
+    decode pool may compute (``local_prefill``, planner.modes.SlaPlanner)."""
+    return 0 if local_prefill and pool is Pool.PREFILL else min_replicas
 
 
 def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_after: int,

@@ -26,7 +26,14 @@ FORGET_AFTER_S = 600.0
 
 
 #: The counters of :class:`LoadCounters`, in the order a record's ``load`` lists them.
-LOAD_FIELDS = ("arrived", "finished", "input_tokens", "output_tokens", "ttft_s", "ttft_n", "decode_s", "gaps")
+LOAD_FIELDS = (
+    "arrived", "finished", "input_tokens", "output_tokens", "ttft_s", "ttft_n", "decode_s", "gaps", "context_tokens",
+)
+
+
+def decode_context_tokens(prompt_tokens: int, completion_tokens: int) -> float:
+    """A request's generated tokens times the mean context they were generated at."""
+    return completion_tokens * (prompt_tokens + completion_tokens / 2)
 
 
 @dataclass(slots=True)
@@ -49,6 +56,11 @@ class LoadCounters:
     ttft_n: int = 0
     decode_s: float = 0.0
     gaps: int = 0
+    #: Each finished request's generated tokens times the context they were generated at, on average its
+    #: prompt and half its answer (:func:`decode_context_tokens`): over ``output_tokens``, the context the
+    #: interval's decode steps held, weighted by tokens (a mix of long prompts with short answers and short
+    #: prompts with long ones holds less than its mean lengths say).
+    context_tokens: float = 0.0
 
     def as_list(self) -> list[float]:
         return [getattr(self, name) for name in LOAD_FIELDS]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from core.accounting import UsageRecord
+from router.frontends import decode_context_tokens
 
 if TYPE_CHECKING:
     from app.accounts.service import Principal
@@ -120,6 +121,7 @@ class RequestObserver:
         load.finished += 1
         load.input_tokens += outcome.prompt_tokens
         load.output_tokens += outcome.completion_tokens
+        load.context_tokens += decode_context_tokens(outcome.prompt_tokens, outcome.completion_tokens)
         if ttft is not None:
             load.ttft_s += ttft
             load.ttft_n += 1

@@ -104,6 +104,7 @@ def test_the_frontend_reports_latency_tokens_routing_and_queues(stack: Stack, tr
     assert value(m, "sluice_inter_token_latency_seconds_count", model=MODEL) >= 3
     assert value(m, "sluice_request_queue_time_seconds_count", model=MODEL) >= 4
     assert value(m, "sluice_input_tokens_total", model=MODEL) > 0
+    assert value(m, "sluice_decode_context_tokens_total", model=MODEL) > value(m, "sluice_output_tokens_total", model=MODEL)
     assert value(m, "sluice_cached_tokens_total", model=MODEL) >= 16
     assert value(m, "sluice_router_decision_seconds_count", mode="round_robin") >= 3
     assert value(m, "sluice_router_decision_seconds_count", mode="kv") >= 1

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 import redis.asyncio as aioredis
 
 from bench.devstack import Stack, wait_until
@@ -97,6 +98,10 @@ def test_the_planner_follows_the_load_drains_and_survives_its_own_death(redis_se
         ups = [p for d in decisions(s) for p in d.pools if p.action == "up"]
         downs = [p for d in decisions(s) for p in d.pools if p.action == "down"]
         assert downs and any("kv usage" in p.reason for p in ups)  # grown by the load, not only started
+        # The frontend counted the decode's context: for requests of one shape, the prompt and half the answer.
+        seen = [m.observed for d in decisions(s) if d.kind == "interval" for m in d.models
+                if m.observed is not None and m.observed.isl]
+        assert seen and all(o.context == pytest.approx(o.isl + o.osl / 2) for o in seen), seen
 
         # Killed: the fleet stays as it is; a new planner resumes its count and does not act at once.
         wait_until(lambda: len(live(s)) == 1, 120, "the drained workers to exit")

@@ -16,6 +16,8 @@ from core.settings import PlannerSettings
 from planner.connectors.base import PoolRef
 from planner.connectors.virtual import VirtualConnector
 from planner.controller import Planner
+from planner.decision import decode_state, encode
+from planner.modes import Forecast
 from planner.status import last_decisions, planner_json
 from router.frontends import FrontendRecord, FrontendRegistry, LoadCounters
 from router.registry import Registry, WorkerLoad, WorkerRecord
@@ -215,6 +217,31 @@ async def test_a_sure_fall_shrinks_at_the_first_interval_unless_off_or_the_load_
         assert "1 of 2 intervals wanted fewer" in pool.reason if usage < 0.1 else "kv usage 0.60" in pool.reason
 
 
+@pytest.mark.parametrize("local_prefill", [True, False])
+async def test_with_local_prefill_a_quiet_disaggregated_model_drops_its_prefill_pool_and_the_decode_pool_computes(
+        redis, namespace, local_prefill: bool) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    await put_worker(redis, keys, "p0", usage=0.0, pool=Pool.PREFILL)
+    await put_worker(redis, keys, "d0", usage=0.05, pool=Pool.DECODE)
+    p = Planner(settings(mode="sla", layout="disagg", local_prefill=local_prefill, itl_s=0.0625, ttft_s=1.0,
+                         interval_s=60.0, burst_queue=20.0, down_after_intervals=1),
+                [MODEL], redis, keys, VirtualConnector(redis, keys), profile=sla_profile())
+    p.forecasters[MODEL].observe(0.5, 1000, 100)  # one worker computing its prompts, against 1 + 1 apart
+    pools = {x.pool: x for x in (await p.step("interval")).pools}
+    assert (pools["prefill"].target, pools["decode"].target) == ((0, 1) if local_prefill else (1, 1))
+    assert ("the decode pool computes the prompts" in pools["decode"].reason) == local_prefill
+    if not local_prefill:
+        return
+    assert pools["prefill"].action == "down"
+    # The prefill worker went: the decode pool's waiting prompts are its own now, and its floor counts them
+    # (9 prompts of 0.1 s within the 0.8 s aimed at: 2 workers); the prefill pool stays at 0.
+    await Registry(redis, keys).deregister("p0")
+    await put_worker(redis, keys, "d0", usage=0.05, pool=Pool.DECODE, waiting=9)
+    pools = {x.pool: x for x in (await p.step("fast")).pools}
+    assert (pools["prefill"].target, pools["decode"].action, pools["decode"].target) == (0, "up", 2)
+    assert "9 prompts waiting" in pools["decode"].reason
+
+
 async def test_the_budget_and_bounds_hold(redis, namespace) -> None:  # noqa: ANN001
     keys = Keys(namespace)
     for i in range(3):
@@ -334,3 +361,21 @@ async def test_a_successor_resumes_each_pools_last_shrink(redis, namespace) -> N
     successor = planner(redis, keys)
     await successor.resume()
     assert (successor.memory[AGG].last_down, successor.memory[AGG].shrunk_from) == (7, 3)
+
+
+async def test_a_successor_resumes_the_decodes_context_and_an_older_state_without_it_reads(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    p = planner(redis, keys)
+    p.forecasters[MODEL].observe(2.0, 1200, 100, 1050.0)
+    p.forecasters[MODEL].observe(3.0, 1200, 100, 1000.0)
+    await p._save_state(100.0)
+    successor = planner(redis, keys)
+    await successor.resume()
+    assert successor.forecasters[MODEL].forecast() == Forecast(3.0, 1200, 100, 1000.0)
+    # A state an older planner wrote has no contexts: those of one shape, the prompt and half the answer.
+    state = decode_state(await redis.get(keys.planner_state))
+    state.contexts = {}
+    await redis.set(keys.planner_state, encode(state))
+    older = planner(redis, keys)
+    await older.resume()
+    assert older.forecasters[MODEL].forecast() == Forecast(3.0, 1200, 100, 1250.0)

@@ -9,7 +9,7 @@ import pytest
 from core.pools import Pool
 from core.settings import PlannerThresholds
 from planner.connectors.base import PoolRef
-from planner.modes import Corrections, Forecast, SlaPlanner, threshold_plan
+from planner.modes import Corrections, Forecast, SlaPlanner, threshold_plan, upper_forecast, with_headroom
 from planner.observe import PoolState, TrafficSample
 from planner.profile import DecodePoint, PrefillPoint, Profile, replicas_for
 
@@ -94,7 +94,7 @@ def test_sla_disaggregated_plan() -> None:
     # prefill: 20 req/s x 0.1 s / 0.8 = 2.5 workers.
     assert (prefill.ref.pool, prefill.replicas) == (Pool.PREFILL, 3)
     # decode at context 1,050: the largest batch within 50 ms, and r * O * itl(b) streams at b per worker.
-    batch, itl = sla.decode_batch(1000, 100, Corrections())
+    batch, itl = sla.decode_batch(1050, Corrections())
     assert itl <= 0.05 < sla.profile.itl_s(batch + 1, 1050)
     assert (decode.ref.pool, decode.replicas) == (Pool.DECODE, math.ceil(20 * 100 * itl / batch))
     assert prefill.expected_ttft_s == pytest.approx(sla.expected_ttft_s(20.0, 1000, 3, Corrections()))
@@ -143,6 +143,46 @@ def test_an_aggregated_worker_holds_a_streams_kv_through_its_prefill_too() -> No
     assert decoding <= batch < held
 
 
+@pytest.mark.parametrize(("rate", "prefill", "decode"), [
+    (2.0, 0, 1),  # one worker computing the prompts too, against 1 + 1 apart
+    (5.0, 1, 1),  # 2 either way: the pools are kept
+    (10.0, 0, 3),  # 3 against 2 + 2
+    (20.0, 3, 3),  # 6 either way
+])
+def test_with_local_prefill_the_prefill_pool_goes_to_zero_only_when_that_saves_a_worker(
+        rate: float, prefill: int, decode: int) -> None:
+    f = Forecast(rate=rate, isl=1000, osl=100)
+    local = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05, prefill_utilization=0.9, local_prefill=True)
+    apart = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05, prefill_utilization=0.9)
+    p, d = local.plan("m", "disagg", f, Corrections())
+    assert (p.ref.pool, p.replicas, d.ref.pool, d.replicas) == (Pool.PREFILL, prefill, Pool.DECODE, decode)
+    n, itl = local.agg_workers(f, Corrections())
+    if prefill == 0:  # the decode pool sized as aggregated workers, with their ITL and TTFT
+        assert d.replicas == n and d.expected_itl_s == itl and "the decode pool computes the prompts" in d.reason
+        assert d.expected_ttft_s == local.expected_ttft_s(rate, 1000, n, Corrections())
+    else:  # the plan without the option
+        assert (p, d) == tuple(apart.plan("m", "disagg", f, Corrections()))
+        assert n == p.replicas + d.replicas
+    # On a tie, a decode pool that already computes its prompts goes on alone.
+    kept = local.plan("m", "disagg", f, Corrections(), local_now=True)
+    assert [x.replicas for x in kept] == ([0, n] if n <= p.replicas + d.replicas else [p.replicas, d.replicas])
+    # The aggregated layout has no prefill pool to drop.
+    assert local.plan("m", "agg", f, Corrections()) == apart.plan("m", "agg", f, Corrections())
+
+
+def test_the_decode_is_sized_at_the_token_weighted_context_and_the_forecasts_variants_keep_it() -> None:
+    sla = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05, prefill_utilization=0.9)
+    mixed = Forecast(rate=20.0, isl=1200, osl=100)  # isl + osl / 2 = 1,250
+    weighted = Forecast(rate=20.0, isl=1200, osl=100, context=1050.0)
+    assert (mixed.decode_context, weighted.decode_context) == (1250.0, 1050.0)
+    # The batch that meets the ITL at 1,050 tokens is larger than at 1,250: fewer decode workers.
+    assert sla.decode_batch(1050, Corrections())[0] > sla.decode_batch(1250, Corrections())[0]
+    assert sla.needs(weighted, Corrections())[1] < sla.needs(mixed, Corrections())[1]
+    assert sla.agg_workers(weighted, Corrections())[0] <= sla.agg_workers(mixed, Corrections())[0]
+    assert with_headroom(weighted, 1.0, 60.0).context == upper_forecast(weighted, 3.0, 60.0).context == 1050.0
+    assert Forecast(rate=1.0, isl=1200, osl=100, context=0.0).decode_context == 1250.0  # unknown
+
+
 def test_the_floor_follows_the_load_already_there() -> None:
     sla = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05)
     f = Forecast(rate=1.0, isl=1000, osl=100)
@@ -153,6 +193,8 @@ def test_the_floor_follows_the_load_already_there() -> None:
     # 9 prompts of 0.1 s waiting: 3 workers compute them within 0.3 s.
     assert sla.floor(state(1, usage=0.0, queued=9), f, Corrections())[0] == 3
     assert sla.floor(PoolState(PoolRef("m", Pool.DECODE), 1, queued=9), f, Corrections())[0] == 0
+    # ... unless the decode pool computes its prompts itself (no prefill worker live).
+    assert sla.floor(PoolState(PoolRef("m", Pool.DECODE), 1, queued=9), f, Corrections(), local=True)[0] == 3
 
 
 def test_corrections_scale_the_plan_and_are_smoothed_and_bounded() -> None:

@@ -9,7 +9,7 @@ from core.pools import Pool
 from planner.connectors.base import PoolRef
 from planner.observe import TrafficMeter, pool_states
 from router.cluster import ClusterSnapshot
-from router.frontends import FrontendRecord, LiveFrontend, LoadCounters
+from router.frontends import FrontendRecord, LiveFrontend, LoadCounters, decode_context_tokens
 from router.registry import LiveWorker, WorkerLoad, WorkerRecord
 
 
@@ -20,7 +20,8 @@ def frontend(fid: str, started_at: float, **counters: float) -> LiveFrontend:
 
 
 def test_counters_round_trip_and_an_older_writers_short_list_reads() -> None:
-    c = LoadCounters(arrived=3, finished=2, input_tokens=10, output_tokens=4, ttft_s=0.5, ttft_n=2, decode_s=1.0, gaps=2)
+    c = LoadCounters(arrived=3, finished=2, input_tokens=10, output_tokens=4, ttft_s=0.5, ttft_n=2, decode_s=1.0, gaps=2,
+                     context_tokens=24.0)
     assert LoadCounters.from_list(c.as_list()) == c
     assert LoadCounters.from_list([5, 4]) == LoadCounters(arrived=5, finished=4)
 
@@ -35,6 +36,22 @@ def test_the_first_reading_is_a_baseline_and_the_next_ones_are_differences() -> 
     assert (s.arrived, s.finished, s.rate) == (20, 20, 2.0)
     # The baseline had no tokens: all of them came in this interval.
     assert (s.isl, s.osl, s.ttft_s, s.itl_s) == (100.0, 20.0, 0.2, 0.01)
+    assert s.context is None  # this frontend does not count the decode's context
+
+
+def test_the_decodes_context_is_weighted_by_the_tokens_generated() -> None:
+    # A mix: 1 request of 2,000 prompt tokens and 32 generated, 9 of 512 and 128.
+    long, chat = decode_context_tokens(2000, 32), decode_context_tokens(512, 128)
+    assert (long, chat) == (32 * 2016, 128 * 576)
+    meter = TrafficMeter()
+    meter.read([frontend("a", 0.0)], now=0.0)
+    traffic = meter.read([frontend("a", 0.0, arrived=10, finished=10, input_tokens=2000 + 9 * 512,
+                                   output_tokens=32 + 9 * 128, context_tokens=long + 9 * chat)], now=10.0)
+    assert traffic is not None
+    s = traffic["m"]
+    assert s.context == pytest.approx((32 * 2016 + 9 * 128 * 576) / (32 + 9 * 128))
+    # Less than the mean lengths' prompt and half answer: the long prompts generated few of the tokens.
+    assert s.isl is not None and s.osl is not None and s.context < s.isl + s.osl / 2 - 50
 
 
 def test_a_peek_reads_the_interval_so_far_and_keeps_the_baseline() -> None:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from planner.scaling import PoolMemory, bounded, fit_budget, floor_allowed, grow_only, settle
+from core.pools import Pool
+from planner.scaling import PoolMemory, bounded, fit_budget, floor_allowed, grow_only, lowest, settle
 
 
 def test_bounds() -> None:
     assert [bounded(n, 1, 4) for n in (0, 1, 3, 9)] == [1, 1, 3, 4]
+
+
+def test_only_a_prefill_pool_whose_prompts_the_decode_pool_may_compute_goes_under_the_minimum() -> None:
+    assert lowest(Pool.PREFILL, 1, local_prefill=True) == 0
+    assert [lowest(p, 1, local_prefill=True) for p in (Pool.DECODE, Pool.AGG)] == [1, 1]
+    assert [lowest(p, 2, local_prefill=False) for p in (Pool.PREFILL, Pool.DECODE, Pool.AGG)] == [2, 2, 2]
 
 
 def test_growing_is_immediate_and_resets_the_wish_to_shrink() -> None:
