@@ -44,7 +44,17 @@ from planner.decision import (
 )
 from planner.leader import LeaderLease
 from planner.metrics import PlannerMetrics
-from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, rate_rose, threshold_plan, with_headroom
+from planner.modes import (
+    Corrections,
+    Forecast,
+    PoolPlan,
+    SlaPlanner,
+    decode_context,
+    rate_rose,
+    serving_pools,
+    threshold_plan,
+    with_headroom,
+)
 from planner.observe import PoolState, TrafficMeter, TrafficSample, pool_states
 from planner.predictors import Predictor, PredictorKind, make_predictor
 from planner.profile import Profile
@@ -80,7 +90,7 @@ class ModelForecaster:
         if isl is not None and osl is not None:
             self.isl.observe(isl)
             self.osl.observe(osl)
-            self.context.observe(context if context is not None else isl + osl / 2)
+            self.context.observe(decode_context(isl, osl, context))
         self.history = [*self.history, (rate, -1.0 if isl is None else isl, -1.0 if osl is None else osl)][-HISTORY_KEPT:]
         self.contexts = [*self.contexts, -1.0 if context is None else context][-HISTORY_KEPT:]
 
@@ -257,8 +267,7 @@ class Planner:
             sample = traffic.get(model) or TrafficSample(self.s.interval_s, 0, 0, None, None, None, None)
             observed = Traffic(sample.rate, sample.isl, sample.osl, sample.ttft_s, sample.itl_s, sample.context)
             if self.sla is not None:
-                decode_pool = Pool.DECODE if self.s.layout == "disagg" else Pool.AGG
-                prefill_pool = Pool.PREFILL if self.s.layout == "disagg" and not local else decode_pool
+                prefill_pool, decode_pool = serving_pools(self.s.layout, local)
                 corrections.set_models(*self.sla.model_factors(
                     forecaster.forecast(), states.get(PoolRef(model, prefill_pool)), states.get(PoolRef(model, decode_pool))))
                 if self.s.correction:

@@ -57,6 +57,21 @@ CORRECTION_SMOOTHING = 0.5
 MAX_WORKERS = 1024
 
 
+def decode_context(isl: float, osl: float, context: float | None) -> float:
+    """The context a decode step holds: ``context`` (weighted by tokens, as the frontends count it) where
+    known, else ``isl + osl / 2``, which is the same for requests of one shape."""
+    return context if context is not None and context > 0 else isl + osl / 2
+
+
+def serving_pools(layout: str, local: bool = False) -> tuple[Pool, Pool]:
+    """The pools that compute a model's prompts and decode its streams: prefill and decode apart
+    (``disagg``), the decode pool for both when it computes the prompts itself (``local``), the
+    aggregated pool for both otherwise."""
+    if layout != "disagg":
+        return Pool.AGG, Pool.AGG
+    return (Pool.DECODE if local else Pool.PREFILL), Pool.DECODE
+
+
 @dataclass(frozen=True, slots=True)
 class Forecast:
     """The next interval's load of one model, as the predictors expect it."""
@@ -70,7 +85,7 @@ class Forecast:
 
     @property
     def decode_context(self) -> float:
-        return self.context if self.context is not None and self.context > 0 else self.isl + self.osl / 2
+        return decode_context(self.isl, self.osl, self.context)
 
 
 def with_headroom(f: Forecast, z: float, interval_s: float) -> Forecast:
@@ -342,11 +357,10 @@ class SlaPlanner:
         layout's decode pool computed the prompts, as aggregated workers do)."""
         if sample.isl is None:
             return
-        decode_pool = Pool.DECODE if layout == "disagg" else Pool.AGG
-        prefill_pool = decode_pool if local or layout != "disagg" else Pool.PREFILL
+        prefill_pool, decode_pool = serving_pools(layout, local)
         layout = "agg" if local else layout
         p_state, d_state = states.get(PoolRef(model, prefill_pool)), states.get(PoolRef(model, decode_pool))
-        context = sample.context or sample.isl + (sample.osl or 0.0) / 2
+        context = decode_context(sample.isl, sample.osl or 0.0, sample.context)
         per_worker = max(1.0, d_state.running / d_state.workers) if d_state is not None and d_state.workers else 1.0
         if p_state is not None and p_state.workers and sample.ttft_s is not None:
             unit = Corrections(1.0, c.decode, c.prefill_model, c.decode_model)
