@@ -21,9 +21,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from core.settings import PlannerSettings
-from planner.modes import Corrections, Forecast, SlaPlanner, with_headroom
+from planner.connectors.base import PoolRef
+from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, with_headroom
 from planner.predictors import PredictorKind, make_predictor
-from planner.scaling import PoolMemory, bounded, lowest, settle
+from planner.scaling import PoolMemory, Wish, bounded, decode_wish, lowest, settle
 
 CHAT = (512, 128)
 LONG = (2000, 32)
@@ -139,18 +140,29 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
             osl_p.observe(day[i - 1].osl)
         rate = rate_p.predict() if i else rates[0]
         seen_f = Forecast(rate, isl_p.predict(), osl_p.predict()) if i else Forecast(rate, step.isl, step.osl)
-        sure = sla.sure_replicas("m", layout, rates[i - 2], rates[i - 1], seen_f, Corrections(), sure_z, step_s) \
-            if i >= 2 else {}
-        for plan in sla.plan("m", layout, with_headroom(seen_f, z, step_s), Corrections()):
-            pool, least = plan.ref.pool.value, lowest(plan.ref.pool, lo, sla.local_prefill)
-            wanted = bounded(plan.replicas, least, hi)
+        plans = sla.plan("m", layout, with_headroom(seen_f, z, step_s), Corrections())
+        best, apart = ({} if i < 2 or (keep and not any(p.apart for p in plans)) else
+                       sla.sure_replicas("m", layout, rates[i - 2], rates[i - 1], seen_f, Corrections(), sure_z,
+                                         step_s, keep_apart=keep) for keep in (False, True))
+
+        def wish(plan: PoolPlan, sizes: dict[PoolRef, int]) -> Wish:
+            least = lowest(plan.ref.pool, lo, sla.local_prefill)
+            return Wish(bounded(plan.replicas, least, hi),
+                        bounded(sizes[plan.ref], least, hi) if plan.ref in sizes else None)
+
+        for plan in plans:  # prefill before decode, as the planner settles them (planner.scaling.decode_wish)
+            pool, w = plan.ref.pool.value, wish(plan, best)
             counts = replicas.setdefault(pool, [])
+            if pool == "decode" and "prefill" in replicas:
+                before = replicas["prefill"][-2] if len(replicas["prefill"]) > 1 else None
+                if before is not None:
+                    w = decode_wish(before, replicas["prefill"][-1], w,
+                                    None if plan.apart is None else wish(plan.apart, apart))
             if not counts:
-                counts.append(wanted)
+                counts.append(w.wanted)
                 memory[pool] = PoolMemory(last_up=i)
                 continue
-            target, _ = settle(counts[-1], wanted, memory[pool], i, down_after, cooldown,
-                               bounded(sure[plan.ref], least, hi) if plan.ref in sure else None)
+            target, _ = settle(counts[-1], w.wanted, memory[pool], i, down_after, cooldown, w.sure, w.sure_why)
             counts.append(target)
     return Schedule(f"causal-{layout}-z{z:g}-{'h' if down_after > 1 or cooldown else 'nh'}"
                     f"{f'-sure{sure_z:g}' if sure_z else ''}{'' if predictor == 'constant' else '-' + predictor}",

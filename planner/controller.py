@@ -59,7 +59,17 @@ from planner.observe import PoolState, TrafficMeter, TrafficSample, pool_states
 from planner.predictors import Predictor, PredictorKind, make_predictor
 from planner.profile import Profile
 from planner.prometheus import PrometheusError, PrometheusTraffic
-from planner.scaling import PoolMemory, bounded, fit_budget, floor_allowed, grow_only, lowest, settle
+from planner.scaling import (
+    PoolMemory,
+    Wish,
+    bounded,
+    decode_wish,
+    fit_budget,
+    floor_allowed,
+    grow_only,
+    lowest,
+    settle,
+)
 from router.cluster import ClusterReader, ClusterSnapshot
 
 log = logging.getLogger("sluice.planner")
@@ -301,14 +311,29 @@ class Planner:
                 return view, [PoolPlan(r, states[r].workers, "no request finished yet") for r in refs]
             planned = with_headroom(forecast, self.s.rate_headroom_z, self.s.interval_s)
             plans = self.sla.plan(model, self.s.layout, planned, corrections, local)
-            if len(history := forecaster.history) >= 2:
-                sure = self.sla.sure_replicas(model, self.s.layout, history[-2][0], history[-1][0], forecast,
-                                              corrections, self.s.sure_shrink_z, self.s.interval_s, local)
-                plans = [replace(p, sure_replicas=sure.get(p.ref)) for p in plans]
+            best = self._sure_fall(model, forecast, corrections, local)
+            apart = self._sure_fall(model, forecast, corrections, local, keep_apart=True) \
+                if any(p.apart for p in plans) else {}
+            plans = [replace(p, sure_replicas=best.get(p.ref),
+                             apart=p.apart and replace(p.apart, sure_replicas=apart.get(p.ref))) for p in plans]
             opened = self._floor_opened(*ended) if ended is not None else False
-            return view, [self._with_floor(p, states[p.ref], forecast, corrections, rising=opened,
-                                           grows=opened or self.s.floor_rise_z <= 0, local=local) for p in plans]
+
+            def floored(p: PoolPlan) -> PoolPlan:
+                return self._with_floor(p, states[p.ref], forecast, corrections, rising=opened,
+                                        grows=opened or self.s.floor_rise_z <= 0, local=local)
+            return view, [replace(floored(p), apart=p.apart and floored(p.apart)) for p in plans]
         return view, [threshold_plan(states[r], self.thresholds) for r in refs]
+
+    def _sure_fall(self, model: str, forecast: Forecast, c: Corrections, local: bool,
+                   keep_apart: bool = False) -> dict[PoolRef, int]:
+        """The sure shrink's sizes (planner.modes.SlaPlanner.sure_replicas) on the last two intervals' rates;
+        empty before there are two, or when the rate did not fall past the noise."""
+        assert self.sla is not None
+        history = self.forecasters[model].history
+        if len(history) < 2:
+            return {}
+        return self.sla.sure_replicas(model, self.s.layout, history[-2][0], history[-1][0], forecast, c,
+                                      self.s.sure_shrink_z, self.s.interval_s, local, keep_apart)
 
     def _sure_rise(self, model: str, forecast: Forecast, c: Corrections, so_far: TrafficSample | None,
                    local: bool = False) -> dict[PoolRef, tuple[int, str]]:
@@ -360,6 +385,11 @@ class Planner:
                            held=within)
         return replace(plan, replicas=floor, reason=f"{why}: {floor} workers now ({plan.reason})", sure_replicas=sure)
 
+    def _wish(self, plan: PoolPlan) -> Wish:
+        """``plan``'s wish within the pool's bounds."""
+        sure = None if plan.sure_replicas is None else self._bounded(plan.ref, plan.sure_replicas)
+        return Wish(self._bounded(plan.ref, plan.replicas), sure)
+
     async def _apply(self, kind: str, now: float, states: dict[PoolRef, PoolState], views: list[ModelView],
                      plans: list[PoolPlan]) -> Decision:
         requested: dict[PoolRef, int] = {}
@@ -369,15 +399,22 @@ class Planner:
         targets: dict[PoolRef, int] = {}
         notes: dict[PoolRef, str] = {}
         wanted: dict[PoolRef, int] = {}
-        for plan in plans:
+        for i, plan in enumerate(plans):  # a model's prefill pool before its decode pool (pools_of)
             ref, before = plan.ref, requested[plan.ref]
-            wanted[ref] = self._bounded(ref, plan.replicas)
+            wish = self._wish(plan)
+            if ref.pool is Pool.DECODE and (prefill := PoolRef(ref.model, Pool.PREFILL)) in targets:
+                wish = decode_wish(requested[prefill], targets[prefill], wish,
+                                   None if plan.apart is None else self._wish(plan.apart))
+                if wish.apart and plan.apart is not None:
+                    plan = plans[i] = replace(plan.apart, reason=f"the prefill pool keeps {targets[prefill]} "
+                                              f"workers, so the prompts stay there ({plan.apart.reason})")
+            wanted[ref] = wish.wanted
             if kind == "fast":
-                targets[ref], notes[ref] = grow_only(before, wanted[ref], self.memory[ref], self.tick)
+                targets[ref], notes[ref] = grow_only(before, wish.wanted, self.memory[ref], self.tick)
             else:
-                sure = None if plan.sure_replicas is None else self._bounded(ref, plan.sure_replicas)
-                targets[ref], notes[ref] = settle(before, wanted[ref], self.memory[ref], self.tick,
-                                                  self.s.down_after_intervals, self.s.cooldown_intervals, sure)
+                targets[ref], notes[ref] = settle(before, wish.wanted, self.memory[ref], self.tick,
+                                                  self.s.down_after_intervals, self.s.cooldown_intervals, wish.sure,
+                                                  wish.sure_why)
         # The fast path never shrinks, through the budget either: a pool that grows takes only what the
         # others leave (cutting one to grow another was a flap a tick, the disagg 60-second run).
         floors = {r: requested[r] if kind == "fast" else lowest(r.pool, self.s.min_replicas, self.local_prefill)

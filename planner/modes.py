@@ -32,7 +32,10 @@ over expected TTFT and ITL):
 * disaggregated with ``local_prefill``: when the decode pool alone, sized as aggregated workers (they
   compute the prompts themselves: with no prefill worker live the router keeps every prompt local,
   router/disagg.py), takes fewer workers than the two pools apart (a kept pool has one at least), the
-  prefill pool plans 0 and the decode pool that many; on a tie the pools stay as they are.
+  prefill pool plans 0 and the decode pool that many; on a tie the pools stay as they are. Each pool's
+  plan then carries its plan with the pools apart (:attr:`PoolPlan.apart`): moving the prompts from one
+  pool to the other is one move, and while the prefill pool's hysteresis holds its workers the decode pool
+  keeps the size it has apart (planner.scaling.decode_wish).
 """
 
 from __future__ import annotations
@@ -138,6 +141,10 @@ class PoolPlan:
     #: ``sla`` mode: the size the load on the pool asked for and a rule held it from (the floor within
     #: the cooldown of a shrink, planner.controller); None: nothing held.
     held: int | None = None
+    #: ``sla`` mode, a disaggregated plan that moves the prompts to the decode pool (the prefill pool at 0):
+    #: this pool's plan with the pools apart, which it keeps while the prefill pool still has workers
+    #: (planner.scaling.decode_wish); None: the plan keeps the pools apart.
+    apart: PoolPlan | None = None
 
 
 def threshold_plan(state: PoolState, thresholds: PlannerThresholds) -> PoolPlan:
@@ -265,40 +272,47 @@ class SlaPlanner:
         prefill, decode, _, itl = self.needs(f, c)  # out of reach: the two phases' sum, as for pools apart
         return replicas_for(prefill + decode), itl
 
-    def plan(self, model: str, layout: str, f: Forecast, c: Corrections, local_now: bool = False) -> list[PoolPlan]:
+    def plan(self, model: str, layout: str, f: Forecast, c: Corrections, local_now: bool = False,
+             keep_apart: bool = False) -> list[PoolPlan]:
         """Each pool's workers for ``f``. With ``local_prefill``, disaggregated: the decode pool alone when it
         takes fewer workers than the pools apart, and on a tie when it already computes the prompts
-        (``local_now``: no prefill worker live), so that a tie does not start and stop a prefill worker."""
+        (``local_now``: no prefill worker live), so that a tie does not start and stop a prefill worker;
+        each of those plans carries its plan apart (:attr:`PoolPlan.apart`). ``keep_apart``: the pools apart
+        whatever it costs (the fast path, which never shrinks the prefill pool, cannot move the prompts)."""
         prefill, decode, s, itl = self.needs(f, c)
         why = (f"predicted {f.rate:.2f} req/s, isl {f.isl:.0f}, osl {f.osl:.0f}; prompt {s:.3f} s "
                f"(corrections prefill {c.prefill:.2f} x {c.prefill_model:.2f}, decode {c.decode:.2f} x "
                f"{c.decode_model:.2f})")
         if layout == "disagg":
             n_p, n_d = replicas_for(prefill), replicas_for(decode)
-            if self.local_prefill:  # the decode pool alone, as aggregated workers, when that takes fewer
+            apart = [PoolPlan(PoolRef(model, Pool.PREFILL), n_p, f"{why}: {prefill:.2f} prefill workers",
+                              self.expected_ttft_s(f.rate, f.isl, max(n_p, 1), c), None),
+                     PoolPlan(PoolRef(model, Pool.DECODE), n_d, f"{why}, itl {itl * 1000:.1f} ms: {decode:.2f} decode "
+                                                                "workers", None, itl)]
+            if self.local_prefill and not keep_apart:  # the decode pool alone, as aggregated workers, when fewer
                 n, local_itl = self.agg_workers(f, c)
-                apart = max(n_p, 1) + max(n_d, 1)  # a pool that is kept has a worker
-                if n < apart or (n == apart and local_now):
-                    local = f"{why}: the decode pool computes the prompts, {n} workers ({apart} apart)"
-                    return [PoolPlan(PoolRef(model, Pool.PREFILL), 0, local, None, None),
+                total = max(n_p, 1) + max(n_d, 1)  # a pool that is kept has a worker
+                if n < total or (n == total and local_now):
+                    local = f"{why}: the decode pool computes the prompts, {n} workers ({total} apart)"
+                    return [PoolPlan(PoolRef(model, Pool.PREFILL), 0, local, None, None, apart=apart[0]),
                             PoolPlan(PoolRef(model, Pool.DECODE), n, f"{local}, itl {local_itl * 1000:.1f} ms",
-                                     self.expected_ttft_s(f.rate, f.isl, n, c), local_itl)]
-            return [PoolPlan(PoolRef(model, Pool.PREFILL), n_p, f"{why}: {prefill:.2f} prefill workers",
-                             self.expected_ttft_s(f.rate, f.isl, max(n_p, 1), c), None),
-                    PoolPlan(PoolRef(model, Pool.DECODE), n_d, f"{why}, itl {itl * 1000:.1f} ms: {decode:.2f} decode "
-                                                               "workers", None, itl)]
+                                     self.expected_ttft_s(f.rate, f.isl, n, c), local_itl, apart=apart[1])]
+            return apart
         n, itl = self.agg_workers(f, c)
         return [PoolPlan(PoolRef(model, Pool.AGG), n, f"{why}, itl {itl * 1000:.1f} ms: {n} workers",
                          self.expected_ttft_s(f.rate, f.isl, n, c), itl)]
 
     def sure_replicas(self, model: str, layout: str, previous: float, current: float, f: Forecast, c: Corrections,
-                      z: float, interval_s: float, local_now: bool = False) -> dict[PoolRef, int]:
+                      z: float, interval_s: float, local_now: bool = False, keep_apart: bool = False,
+                      ) -> dict[PoolRef, int]:
         """The sure shrink's sizes: when the rate fell from ``previous`` to ``current`` (the last two
         intervals' observed rates) past the noise (:func:`rate_fell`), what the upper end of ``f``'s rate
-        (:func:`upper_forecast`) needs per pool; empty otherwise, or with ``z`` 0 (off)."""
+        (:func:`upper_forecast`) needs per pool (``keep_apart``: with the pools apart); empty otherwise, or
+        with ``z`` 0 (off)."""
         if z <= 0 or not rate_fell(previous, current, z, interval_s):
             return {}
-        return {p.ref: p.replicas for p in self.plan(model, layout, upper_forecast(f, z, interval_s), c, local_now)}
+        upper = upper_forecast(f, z, interval_s)
+        return {p.ref: p.replicas for p in self.plan(model, layout, upper, c, local_now, keep_apart)}
 
     def rise_replicas(self, model: str, layout: str, f: Forecast, arrived: int, elapsed_s: float, c: Corrections,
                       z: float, local_now: bool = False) -> dict[PoolRef, int]:
@@ -306,11 +320,13 @@ class SlaPlanner:
         seconds passed what ``f`` predicted by more than the noise (:func:`rate_rose`), what the rate they
         show needs per pool; empty otherwise, or with ``z`` 0 (off). The rate observed is the estimate: the
         trigger already says it is above the forecast, and a lower end ``z`` deviations down would size the
-        first seconds of a ramp under the forecast itself."""
+        first seconds of a ramp under the forecast itself. The pools stay apart unless the decode pool computes
+        the prompts already (``local_now``): the fast path grows pools, and cannot take the prefill pool's
+        workers away to move the prompts."""
         if z <= 0 or not rate_rose(f.rate, arrived, elapsed_s, z):
             return {}
         observed = replace(f, rate=arrived / elapsed_s)
-        return {p.ref: p.replicas for p in self.plan(model, layout, observed, c, local_now)}
+        return {p.ref: p.replicas for p in self.plan(model, layout, observed, c, local_now, keep_apart=not local_now)}
 
     def floor(self, state: PoolState, f: Forecast, c: Corrections, local: bool = False) -> tuple[int, str]:
         """The workers the load already on the pool needs, whatever was predicted: its KV usage brought down

@@ -12,6 +12,12 @@ functions (the controller keeps each pool's :class:`PoolMemory` across intervals
   The other way round, the ``sla`` mode's floor (the load already on a pool) does not grow a pool back to
   the size it had within ``cooldown`` intervals of shrinking it, only past it (:func:`floor_allowed`); the
   burst thresholds still do.
+* One move across two pools (:func:`decode_wish`): a disaggregated plan that moves the prompts to the
+  decode pool (the prefill pool at 0) or back changes both pools, and they change together. While the
+  prefill pool's hysteresis keeps its workers, the decode pool keeps the size it has apart (growing it to
+  compute the prompts as well would pay twice, and shrink back when the prefill pool stayed: a flap). When
+  the prefill pool grows from 0 the decode pool shrinks to its size apart at once, not after
+  ``down_after`` intervals.
 * Budget (:func:`fit_budget`): when the pools together want more than the budget, each keeps its floor
   and what is left is shared in proportion to what each wanted above it (largest remainders).
 """
@@ -19,7 +25,7 @@ functions (the controller keeps each pool's :class:`PoolMemory` across intervals
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from core.pools import Pool
@@ -49,10 +55,10 @@ def lowest(pool: Pool, min_replicas: int, local_prefill: bool) -> int:
 
 
 def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_after: int,
-           cooldown: int, sure: int | None = None) -> tuple[int, str]:
+           cooldown: int, sure: int | None = None, sure_why: str = "a sure fall") -> tuple[int, str]:
     """The replicas to ask for at interval ``tick`` and a note on why (see the module's docstring).
-    ``sure``: after a sure fall, what the upper end of the observed rate needs (taken at least ``wanted``);
-    None: no sure shrink."""
+    ``sure``: after a sure fall (``sure_why``), what the upper end of the observed rate needs (taken at
+    least ``wanted``); None: no sure shrink."""
     if wanted > requested:
         memory.last_up = tick
         memory.low.clear()
@@ -63,12 +69,36 @@ def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_afte
     memory.low = [*memory.low, wanted][-down_after:]
     since = tick - memory.last_up
     if sure is not None and max(sure, wanted) < requested and since > cooldown:
-        return _shrink(memory, tick, requested, max(sure, wanted)), "down (a sure fall)"
+        return _shrink(memory, tick, requested, max(sure, wanted)), f"down ({sure_why})"
     if len(memory.low) < down_after:
         return requested, f"hold: {len(memory.low)} of {down_after} intervals wanted fewer"
     if since <= cooldown:
         return requested, f"hold: grew {since} interval(s) ago (cooldown {cooldown})"
     return _shrink(memory, tick, requested, max(memory.low)), "down"
+
+
+@dataclass(frozen=True, slots=True)
+class Wish:
+    """What a pool asks hysteresis for: ``wanted`` workers, and ``sure``, a size to shrink to at once,
+    and why (see :func:`settle`; None: none). ``apart``: the decode pool's size with the pools apart,
+    taken instead of its plan's (:func:`decode_wish`)."""
+
+    wanted: int
+    sure: int | None = None
+    sure_why: str = "a sure fall"
+    apart: bool = False
+
+
+def decode_wish(prefill_requested: int, prefill_target: int, plan: Wish, apart: Wish | None) -> Wish:
+    """A disaggregated model's decode pool's wish once its prefill pool settled on ``prefill_target``
+    (from ``prefill_requested``) at the same tick: ``plan``'s, or ``apart`` (the decode pool's wish with the
+    pools apart, when the plan moves the prompts to the decode pool) while the prefill pool keeps workers;
+    when the prefill pool grows from 0, ``plan`` at once (see the module's docstring)."""
+    if apart is not None and prefill_target > 0:
+        return replace(apart, apart=True)
+    if prefill_requested == 0 and prefill_target > 0:
+        return replace(plan, sure=plan.wanted, sure_why=f"the prefill pool grows from 0 to {prefill_target}")
+    return plan
 
 
 def _shrink(memory: PoolMemory, tick: int, requested: int, target: int) -> int:

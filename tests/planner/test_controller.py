@@ -16,8 +16,8 @@ from core.settings import PlannerSettings
 from planner.connectors.base import PoolRef
 from planner.connectors.virtual import VirtualConnector
 from planner.controller import Planner
-from planner.decision import decode_state, encode
-from planner.modes import Forecast
+from planner.decision import PoolDecision, decode_state, encode
+from planner.modes import Corrections, Forecast
 from planner.status import last_decisions, planner_json
 from router.frontends import FrontendRecord, FrontendRegistry, LoadCounters
 from router.registry import Registry, WorkerLoad, WorkerRecord
@@ -240,6 +240,65 @@ async def test_with_local_prefill_a_quiet_disaggregated_model_drops_its_prefill_
     pools = {x.pool: x for x in (await p.step("fast")).pools}
     assert (pools["prefill"].target, pools["decode"].action, pools["decode"].target) == (0, "up", 2)
     assert "9 prompts waiting" in pools["decode"].reason
+
+
+def counters_publisher(frontends: FrontendRegistry) -> Callable[[float, int, int], Awaitable[None]]:
+    """Publishes one frontend's counters after another 60 s of ``rate`` requests/s of ``isl`` and ``osl``
+    tokens, all finished (the interval's rate and lengths the planner's traffic meter reads)."""
+    total = LoadCounters()
+
+    async def publish(rate: float, isl: int, osl: int) -> None:
+        n = round(rate * 60)
+        total.arrived += n
+        total.finished += n
+        total.input_tokens += n * isl
+        total.output_tokens += n * osl
+        await frontends.renew(FrontendRecord(frontend_id="f1", url="u", metrics_url="m", router_mode="kv",
+                                             started_at=0.0, load={MODEL: total.as_list()}), ttl_s=60)
+    return publish
+
+
+async def test_moving_the_prompts_between_the_pools_changes_both_pools_together(redis, namespace) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    for wid, pool in (("p0", Pool.PREFILL), ("p1", Pool.PREFILL), ("d0", Pool.DECODE), ("d1", Pool.DECODE)):
+        await put_worker(redis, keys, wid, usage=0.05, pool=pool)
+    publish = counters_publisher(FrontendRegistry(redis, keys))
+    clock = [100.0]
+    p = Planner(settings(mode="sla", layout="disagg", local_prefill=True, itl_s=0.0625, ttft_s=1.0, interval_s=60.0,
+                         sure_shrink_z=0.0),
+                [MODEL], redis, keys, VirtualConnector(redis, keys), profile=sla_profile(), clock=lambda: clock[0])
+    await publish(0.0, 0, 0)
+    await p.resume()
+
+    async def interval(rate: float, isl: int, osl: int) -> dict[str, PoolDecision]:
+        clock[0] += 60.0
+        await publish(rate, isl, osl)
+        return {x.pool: x for x in (await p.step("interval")).pools}
+
+    # 8 requests/s of 1,000 and 100 tokens: the decode pool alone takes 3 workers, the pools apart 2 + 2. The
+    # prefill pool's drop to 0 waits a second interval (down_after 2), and the decode pool waits with it at
+    # its size apart: growing it to 3 beside 2 prefill workers would pay for both (and shrink it back if the
+    # next plan kept the pools apart).
+    pools = await interval(8.0, 1000, 100)
+    assert (pools["prefill"].target, pools["decode"].target) == (2, 2)
+    assert "the prefill pool keeps 2 workers, so the prompts stay there" in pools["decode"].reason
+    assert pools["decode"].wanted == 2
+    pools = await interval(8.0, 1000, 100)
+    assert (pools["prefill"].action, pools["prefill"].target, pools["decode"].action, pools["decode"].target) == (
+        "down", 0, "up", 3)
+    assert "the decode pool computes the prompts" in pools["decode"].reason
+    # The prompts go back: with decode steps twice as slow as the profile's, 1 request/s of 3,000 and 10
+    # tokens takes 1 + 1 apart and 3 alone. The prefill pool grows at once, and the decode pool shrinks with
+    # it, not two intervals later.
+    for wid in ("p0", "p1"):
+        await Registry(redis, keys).deregister(wid)
+    for wid in ("d0", "d1", "d2"):  # little KV held: the floor stays under 1 worker at 3,000 tokens of context
+        await put_worker(redis, keys, wid, usage=0.02, pool=Pool.DECODE)
+    p.corrections[MODEL] = Corrections(decode=2.0)
+    pools = await interval(1.0, 3000, 10)
+    assert (pools["prefill"].action, pools["prefill"].target, pools["decode"].action, pools["decode"].target) == (
+        "up", 1, "down", 1)
+    assert pools["decode"].reason.startswith("down (the prefill pool grows from 0 to 1)")
 
 
 async def test_the_budget_and_bounds_hold(redis, namespace) -> None:  # noqa: ANN001

@@ -160,8 +160,13 @@ def test_with_local_prefill_the_prefill_pool_goes_to_zero_only_when_that_saves_a
     if prefill == 0:  # the decode pool sized as aggregated workers, with their ITL and TTFT
         assert d.replicas == n and d.expected_itl_s == itl and "the decode pool computes the prompts" in d.reason
         assert d.expected_ttft_s == local.expected_ttft_s(rate, 1000, n, Corrections())
+        # Each carries its plan apart, for while the prefill pool keeps workers (planner.scaling.decode_wish);
+        # the fast path asks for that one alone.
+        assert [p.apart, d.apart] == apart.plan("m", "disagg", f, Corrections())
+        assert local.plan("m", "disagg", f, Corrections(), keep_apart=True) == [p.apart, d.apart]
     else:  # the plan without the option
         assert (p, d) == tuple(apart.plan("m", "disagg", f, Corrections()))
+        assert p.apart is None and d.apart is None
         assert n == p.replicas + d.replicas
     # On a tie, a decode pool that already computes its prompts goes on alone.
     kept = local.plan("m", "disagg", f, Corrections(), local_now=True)
@@ -292,3 +297,14 @@ def test_the_workers_step_models_against_the_profiles_scale_the_plan() -> None:
     assert sla.prefill_service_s(1000, c) == pytest.approx(2 * sla.prefill_service_s(1000, Corrections()))
     c.set_models(9.0, None)
     assert c.prefill_model == 4.0 and c.decode_model == pytest.approx(2.0)  # bounded; None leaves it
+
+
+def test_a_sure_rise_keeps_the_pools_apart_unless_the_decode_pool_computes_the_prompts_already() -> None:
+    local = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05, prefill_utilization=0.9, local_prefill=True)
+    f, seen = Forecast(rate=1.0, isl=1000, osl=100), Forecast(rate=10.0, isl=1000, osl=100)  # 200 in 20 s
+    alone = {p.ref: p.replicas for p in local.plan("m", "disagg", seen, Corrections())}
+    apart = {p.ref: p.replicas for p in local.plan("m", "disagg", seen, Corrections(), keep_apart=True)}
+    assert alone != apart and alone[PoolRef("m", Pool.PREFILL)] == 0  # 3 alone against 2 + 2 apart
+    # The fast path cannot take the prefill pool's workers away: the rise is sized apart.
+    assert local.rise_replicas("m", "disagg", f, 200, 20.0, Corrections(), 3.0) == apart
+    assert local.rise_replicas("m", "disagg", f, 200, 20.0, Corrections(), 3.0, local_now=True) == alone

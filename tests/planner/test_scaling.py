@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from core.pools import Pool
-from planner.scaling import PoolMemory, bounded, fit_budget, floor_allowed, grow_only, lowest, settle
+from planner.scaling import (
+    PoolMemory,
+    Wish,
+    bounded,
+    decode_wish,
+    fit_budget,
+    floor_allowed,
+    grow_only,
+    lowest,
+    settle,
+)
 
 
 def test_bounds() -> None:
@@ -89,3 +99,21 @@ def test_the_budget_keeps_floors_and_shares_the_rest_in_proportion() -> None:
     assert sum(fit_budget({"a": 7, "b": 5, "c": 3}, {"a": 1, "b": 1, "c": 1}, 8).values()) == 8
     # Floors alone past the budget: kept (the bounds forbid less).
     assert fit_budget({"a": 3, "b": 3}, {"a": 2, "b": 2}, 3) == {"a": 2, "b": 2}
+
+
+def test_moving_the_prompts_between_the_pools_is_one_move() -> None:
+    plan, apart = Wish(6), Wish(5, sure=5)
+    # The plan moves the prompts to the decode pool (6 workers alone against 5 apart), but the prefill
+    # pool's hysteresis keeps its 2 workers: the decode pool keeps its size apart, not 6 beside them.
+    assert decode_wish(2, 2, plan, apart) == Wish(5, sure=5, apart=True)
+    # Once the prefill pool goes to 0, the decode pool takes the prompts: its plan.
+    assert decode_wish(2, 0, plan, apart) == plan
+    assert decode_wish(0, 0, plan, apart) == plan
+    # The prefill pool grows from 0: the prompts leave the decode pool, which shrinks to its plan at once.
+    moved = decode_wish(0, 1, Wish(3), None)
+    assert (moved.wanted, moved.sure, moved.apart) == (3, 3, False)
+    m = PoolMemory()
+    assert settle(7, moved.wanted, m, tick=4, down_after=2, cooldown=2, sure=moved.sure, sure_why=moved.sure_why) == (
+        3, "down (the prefill pool grows from 0 to 1)")
+    # The pools stay apart and the prefill pool had workers: the plan as it is.
+    assert decode_wish(1, 2, Wish(3, sure=2), None) == Wish(3, sure=2)
