@@ -513,7 +513,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=int, default=12)
     p.add_argument("--utilization", type=float, default=0.7, help="the sla mode's highest prefill utilization")
     p.add_argument("--margin", type=float, default=0.8, help="the sla mode's share of the targets it aims at")
-    p.add_argument("--kill-at", type=int, default=16, help="step at which the agg planner is killed (-1: never)")
+    p.add_argument("--kill-at", type=int, default=16, help="step at which the planner is killed (-1: never)")
     p.add_argument("--profile", type=Path, default=None, help="a profile to use instead of measuring one")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--correction", action="store_true", help="the planner with its latency correction (off by default)")
@@ -571,7 +571,7 @@ def main(argv: list[str] | None = None) -> dict:
                 console.print(f"[yellow]{layout}/{fleet}: skipped (no schedule)[/]")
                 continue
             console.print(f"[bold]{layout} / {fleet}[/] ...")
-            kill = args.kill_at if fleet == "planner" and layout == "agg" and args.kill_at >= 0 else None
+            kill = args.kill_at if fleet == "planner" and args.kill_at >= 0 else None
             runs.append(run_one(c, layout, fleet, schedules[fleet], profile_path, tokenizer_dir, console, kill,
                                 (first, end)))
             r = runs[-1]
