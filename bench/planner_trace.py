@@ -131,6 +131,11 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
     sized on its own rate."""
     replicas: dict[str, list[int]] = {}
     memory: dict[str, PoolMemory] = {}
+
+    def wish(plan: PoolPlan, sure: dict[PoolRef, int]) -> Wish:
+        least = lowest(plan.ref.pool, lo, sla.local_prefill)
+        return Wish(bounded(plan.replicas, least, hi), bounded(sure[plan.ref], least, hi) if plan.ref in sure else None)
+
     options = {"window": PlannerSettings().predictor_window} if predictor == "moving_average" else {}
     rate_p, isl_p, osl_p = (make_predictor(predictor, **options) for _ in range(3))
     for i, step in enumerate(day):
@@ -141,23 +146,19 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
         rate = rate_p.predict() if i else rates[0]
         seen_f = Forecast(rate, isl_p.predict(), osl_p.predict()) if i else Forecast(rate, step.isl, step.osl)
         plans = sla.plan("m", layout, with_headroom(seen_f, z, step_s), Corrections())
-        best, apart = ({} if i < 2 or (keep and not any(p.apart for p in plans)) else
-                       sla.sure_replicas("m", layout, rates[i - 2], rates[i - 1], seen_f, Corrections(), sure_z,
-                                         step_s, keep_apart=keep) for keep in (False, True))
-
-        def wish(plan: PoolPlan, sizes: dict[PoolRef, int]) -> Wish:
-            least = lowest(plan.ref.pool, lo, sla.local_prefill)
-            return Wish(bounded(plan.replicas, least, hi),
-                        bounded(sizes[plan.ref], least, hi) if plan.ref in sizes else None)
-
+        best: dict[PoolRef, int] = {}
+        apart: dict[PoolRef, int] = {}
+        if i >= 2:
+            best = sla.sure_replicas("m", layout, rates[i - 2], rates[i - 1], seen_f, Corrections(), sure_z, step_s)
+            if any(p.apart for p in plans):
+                apart = sla.sure_replicas("m", layout, rates[i - 2], rates[i - 1], seen_f, Corrections(), sure_z,
+                                          step_s, keep_apart=True)
         for plan in plans:  # prefill before decode, as the planner settles them (planner.scaling.decode_wish)
             pool, w = plan.ref.pool.value, wish(plan, best)
             counts = replicas.setdefault(pool, [])
-            if pool == "decode" and "prefill" in replicas:
-                before = replicas["prefill"][-2] if len(replicas["prefill"]) > 1 else None
-                if before is not None:
-                    w = decode_wish(before, replicas["prefill"][-1], w,
-                                    None if plan.apart is None else wish(plan.apart, apart))
+            prefill = replicas.get("prefill", [])
+            if pool == "decode" and len(prefill) > 1:  # the prefill pool's last size and the one it settled on
+                w = decode_wish(prefill[-2], prefill[-1], w, None if plan.apart is None else wish(plan.apart, apart))
             if not counts:
                 counts.append(w.wanted)
                 memory[pool] = PoolMemory(last_up=i)

@@ -399,15 +399,17 @@ class Planner:
         targets: dict[PoolRef, int] = {}
         notes: dict[PoolRef, str] = {}
         wanted: dict[PoolRef, int] = {}
-        for i, plan in enumerate(plans):  # a model's prefill pool before its decode pool (pools_of)
+        chosen: list[PoolPlan] = []  # each pool's plan, or its plan apart where the prompts' move waits
+        for plan in plans:  # a model's prefill pool before its decode pool (pools_of)
             ref, before = plan.ref, requested[plan.ref]
             wish = self._wish(plan)
             if ref.pool is Pool.DECODE and (prefill := PoolRef(ref.model, Pool.PREFILL)) in targets:
                 wish = decode_wish(requested[prefill], targets[prefill], wish,
                                    None if plan.apart is None else self._wish(plan.apart))
                 if wish.apart and plan.apart is not None:
-                    plan = plans[i] = replace(plan.apart, reason=f"the prefill pool keeps {targets[prefill]} "
-                                              f"workers, so the prompts stay there ({plan.apart.reason})")
+                    plan = replace(plan.apart, reason=f"the prefill pool keeps {targets[prefill]} workers, so "
+                                                      f"the prompts stay there ({plan.apart.reason})")
+            chosen.append(plan)
             wanted[ref] = wish.wanted
             if kind == "fast":
                 targets[ref], notes[ref] = grow_only(before, wish.wanted, self.memory[ref], self.tick)
@@ -421,7 +423,7 @@ class Planner:
                   for r in targets}
         fitted = fit_budget(targets, floors, self.s.budget)
         pools = []
-        for plan in plans:
+        for plan in chosen:
             ref, before, target = plan.ref, requested[plan.ref], fitted[plan.ref]
             note = notes[ref] if target == targets[ref] else f"{notes[ref]}, cut to {target} by the budget {self.s.budget}"
             action = "up" if target > before else "down" if target < before else "hold"

@@ -32,6 +32,9 @@ from core.pools import Pool
 
 K = TypeVar("K")
 
+#: Why a sure shrink (:func:`settle`'s ``sure``) shrinks a pool at once, unless a rule says otherwise.
+SURE_FALL = "a sure fall"
+
 
 @dataclass(slots=True)
 class PoolMemory:
@@ -55,7 +58,7 @@ def lowest(pool: Pool, min_replicas: int, local_prefill: bool) -> int:
 
 
 def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_after: int,
-           cooldown: int, sure: int | None = None, sure_why: str = "a sure fall") -> tuple[int, str]:
+           cooldown: int, sure: int | None = None, sure_why: str = SURE_FALL) -> tuple[int, str]:
     """The replicas to ask for at interval ``tick`` and a note on why (see the module's docstring).
     ``sure``: after a sure fall (``sure_why``), what the upper end of the observed rate needs (taken at
     least ``wanted``); None: no sure shrink."""
@@ -85,7 +88,7 @@ class Wish:
 
     wanted: int
     sure: int | None = None
-    sure_why: str = "a sure fall"
+    sure_why: str = SURE_FALL
     apart: bool = False
 
 
