@@ -121,6 +121,8 @@ class Config:
     #: Disaggregated: the prefill pool may go to 0, the decode pool computing the prompts (the planner's
     #: SLUICE_PLANNER__LOCAL_PREFILL and the oracle's model alike).
     local_prefill: bool = True
+    #: The sla mode's up-band (the share of a pool's size its plan's need may pass it by before it grows).
+    up_band: float = PlannerSettings().up_band
 
 
 def worker_env(c: Config) -> dict[str, str]:
@@ -264,7 +266,7 @@ def planner_env(c: Config, layout: str, profile_path: Path, run_dir: Path) -> di
             "SLUICE_PLANNER__SLA_MARGIN": str(c.margin), "SLUICE_PLANNER__CORRECTION": str(c.correction).lower(),
             "SLUICE_PLANNER__RATE_HEADROOM_Z": str(c.headroom_z), "SLUICE_PLANNER__SURE_SHRINK_Z": str(c.sure_shrink_z),
             "SLUICE_PLANNER__SURE_RISE_Z": str(c.sure_rise_z), "SLUICE_PLANNER__FLOOR_RISE_Z": str(c.floor_rise_z),
-            "SLUICE_PLANNER__LOCAL_PREFILL": str(c.local_prefill).lower(),
+            "SLUICE_PLANNER__LOCAL_PREFILL": str(c.local_prefill).lower(), "SLUICE_PLANNER__UP_BAND": str(c.up_band),
             "SLUICE_PLANNER__LOCAL_DIR": str(run_dir), "SLUICE_PLANNER__METRICS_PORT": "-1",
             "SLUICE_PLANNER__LOCK_TTL_S": str(max(3.0, c.step_s)),
             "SLUICE_PLANNER__WORKER_COMMAND": json.dumps([sys.executable, "-m", "sluice", "worker", "--log-level",
@@ -495,7 +497,8 @@ def causal_schedule(c: Config, sla: SlaPlanner, layout: str) -> Schedule:
     d = PlannerSettings()
     rates = realized_rates(arrivals(DAY, c.base_rate, c.step_s, c.seed), len(DAY), c.step_s)
     return causal(DAY, rates, sla, layout, c.min_replicas, c.max_replicas, z=c.headroom_z, step_s=c.step_s,
-                  down_after=d.down_after_intervals, cooldown=d.cooldown_intervals, sure_z=c.sure_shrink_z)
+                  down_after=d.down_after_intervals, cooldown=d.cooldown_intervals, sure_z=c.sure_shrink_z,
+                  up_band=c.up_band)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -525,6 +528,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the sla mode's sure rise (SLUICE_PLANNER__SURE_RISE_Z; 0: off)")
     p.add_argument("--floor-rise-z", type=float, default=PlannerSettings().floor_rise_z,
                    help="the sla mode's floor grows a pool only on a rise (SLUICE_PLANNER__FLOOR_RISE_Z; 0: always)")
+    p.add_argument("--up-band", type=float, default=PlannerSettings().up_band,
+                   help="the sla mode's up-band (SLUICE_PLANNER__UP_BAND; 0: grow on any excess)")
     p.add_argument("--local-prefill", action=argparse.BooleanOptionalAction, default=True,
                    help="disaggregated: the prefill pool may go to 0, the decode pool computing the prompts "
                         "(SLUICE_PLANNER__LOCAL_PREFILL; the oracle's model too)")
@@ -537,7 +542,8 @@ def parser() -> argparse.ArgumentParser:
 def config_of(args: argparse.Namespace) -> Config:
     return Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
                   args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction,
-                  args.headroom_z, args.sure_shrink_z, args.sure_rise_z, args.floor_rise_z, args.local_prefill)
+                  args.headroom_z, args.sure_shrink_z, args.sure_rise_z, args.floor_rise_z, args.local_prefill,
+                  args.up_band)
 
 
 def main(argv: list[str] | None = None) -> dict:

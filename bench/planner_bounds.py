@@ -11,8 +11,9 @@ arrivals (bench.planner_trace.arrivals, per seed) and the same model (planner.mo
 * ``causal``: each interval on the previous one's arrivals and shape (the ``constant`` predictor, with no
   start-up lag), raised by ``z`` deviations of an interval's arrivals, with or without the planner's
   hysteresis (planner.scaling.settle: by default 2 intervals wanting fewer before a shrink, none within 2
-  of growing; a row with 3 before a shrink too), and with its sure shrink (a fall past ``sure_z``
-  deviations shrinks at once).
+  of growing; a row with 3 before a shrink too), with its sure shrink (a fall past ``sure_z``
+  deviations shrinks at once), and with its up-band (a pool holds while the plan's fractional need passes
+  its size by at most 5% of it).
 
 For each it prints worker-seconds over the oracle's, the share of requests that arrived in an interval
 sized below what its realized arrivals needed ("short": the requests most at risk of missing the targets;
@@ -55,14 +56,15 @@ from workers.models.prepare import prepare_model
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "planner_bounds.json"
 
-#: (z, down_after, cooldown, sure_z, predictor) of the causal rows: (1, 0) is no hysteresis, (2, 2) the
-#: planner's defaults; sure_z 0 is no sure shrink, 3 the planner's default; the predictor of the rate and
-#: the shape (planner.predictors; ``constant`` is the planner's default).
-CAUSAL: tuple[tuple[float, int, int, float, PredictorKind], ...] = (
-    (0.0, 1, 0, 0.0, "constant"), (0.0, 2, 2, 0.0, "constant"), (0.5, 2, 2, 0.0, "constant"),
-    (1.3, 2, 2, 0.0, "constant"), (0.0, 3, 2, 0.0, "constant"), (0.5, 3, 2, 0.0, "constant"),
-    (0.0, 2, 2, 3.0, "constant"), (0.5, 2, 2, 3.0, "constant"),
-    (0.0, 2, 2, 3.0, "kalman"), (0.0, 2, 2, 3.0, "moving_average"), (0.0, 2, 2, 3.0, "arima"))
+#: (z, down_after, cooldown, sure_z, predictor, up_band) of the causal rows: (1, 0) is no hysteresis, (2, 2)
+#: the planner's defaults; sure_z 0 is no sure shrink, 3 the planner's default; the predictor of the rate and
+#: the shape (planner.predictors; ``constant`` is the planner's default); the up-band (planner.scaling.settle;
+#: 0.05 is the planner's default, 0 none).
+CAUSAL: tuple[tuple[float, int, int, float, PredictorKind, float], ...] = (
+    (0.0, 1, 0, 0.0, "constant", 0.0), (0.0, 2, 2, 0.0, "constant", 0.0), (0.5, 2, 2, 0.0, "constant", 0.0),
+    (1.3, 2, 2, 0.0, "constant", 0.0), (0.0, 3, 2, 0.0, "constant", 0.0), (0.5, 3, 2, 0.0, "constant", 0.0),
+    (0.0, 2, 2, 3.0, "constant", 0.0), (0.5, 2, 2, 3.0, "constant", 0.0), (0.0, 2, 2, 3.0, "constant", 0.05),
+    (0.0, 2, 2, 3.0, "kalman", 0.0), (0.0, 2, 2, 3.0, "moving_average", 0.0), (0.0, 2, 2, 3.0, "arima", 0.0))
 
 
 def rows_for(c: Config, sla: SlaPlanner, layout: str, seeds: list[int]) -> list[dict[str, Any]]:
@@ -76,13 +78,14 @@ def rows_for(c: Config, sla: SlaPlanner, layout: str, seeds: list[int]) -> list[
         rates = realized_rates(plan, len(DAY), c.step_s)
         need = sized(DAY, rates, sla, layout, c.min_replicas, c.max_replicas, "realized")
         schedules = {"oracle (trace means)": ref, "realized (knows each draw)": need}
-        for z, down_after, cooldown, sure_z, predictor in CAUSAL:
+        for z, down_after, cooldown, sure_z, predictor, up_band in CAUSAL:
             hysteresis = f"shrink after {down_after}, cooldown {cooldown}" if cooldown else "no hysteresis"
             sure = f", sure shrink z {sure_z:g}" if sure_z else ""
             predicted = "" if predictor == "constant" else f", {predictor}"
-            schedules[f"causal, z {z:g}, {hysteresis}{sure}{predicted}"] = causal(
+            band = f", up-band {up_band:g}" if up_band else ""
+            schedules[f"causal, z {z:g}, {hysteresis}{sure}{predicted}{band}"] = causal(
                 DAY, rates, sla, layout, c.min_replicas, c.max_replicas, z=z, step_s=c.step_s, down_after=down_after,
-                cooldown=cooldown, sure_z=sure_z, predictor=predictor)
+                cooldown=cooldown, sure_z=sure_z, predictor=predictor, up_band=up_band)
         for name, s in schedules.items():
             per.setdefault(name, []).append((s.worker_seconds(c.step_s) / ref_ws, short_share(s, need, plan),
                                              flaps(actions_of(s), 2, steady)))

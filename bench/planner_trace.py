@@ -122,19 +122,21 @@ def sized(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout: 
 
 def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout: str, lo: int, hi: int, *,
            z: float, step_s: float, down_after: int, cooldown: int, sure_z: float = 0.0,
-           predictor: PredictorKind = "constant") -> Schedule:
+           predictor: PredictorKind = "constant", up_band: float = 0.0) -> Schedule:
     """What a planner that sees only the past can do with the same model, with no start-up lag: step
     ``i`` is sized on what ``predictor`` (planner.predictors, fed steps ``0..i-1``'s realized rates and
     shapes; ``constant``: step ``i - 1``'s) expects, raised by ``z`` deviations of an interval's arrivals,
     through the same hysteresis (planner.scaling.settle; ``down_after=1, cooldown=0`` is none), with the sure
     shrink at ``sure_z`` deviations (0: none; it needs the step before the last to compare with). Step 0 is
-    sized on its own rate."""
+    sized on its own rate. ``up_band``: the planner's up-band (planner.scaling.settle; 0: none)."""
     replicas: dict[str, list[int]] = {}
     memory: dict[str, PoolMemory] = {}
 
     def wish(plan: PoolPlan, sure: dict[PoolRef, int]) -> Wish:
         least = lowest(plan.ref.pool, lo, sla.local_prefill)
-        return Wish(bounded(plan.replicas, least, hi), bounded(sure[plan.ref], least, hi) if plan.ref in sure else None)
+        wanted = bounded(plan.replicas, least, hi)
+        return Wish(wanted, bounded(sure[plan.ref], least, hi) if plan.ref in sure else None,
+                    need=plan.need if wanted == plan.replicas else None)
 
     options = {"window": PlannerSettings().predictor_window} if predictor == "moving_average" else {}
     rate_p, isl_p, osl_p = (make_predictor(predictor, **options) for _ in range(3))
@@ -163,7 +165,8 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
                 counts.append(w.wanted)
                 memory[pool] = PoolMemory(last_up=i)
                 continue
-            target, _ = settle(counts[-1], w.wanted, memory[pool], i, down_after, cooldown, w.sure, w.sure_why)
+            target, _ = settle(counts[-1], w.wanted, memory[pool], i, down_after, cooldown, w.sure, w.sure_why, w.need,
+                               up_band)
             counts.append(target)
     return Schedule(f"causal-{layout}-z{z:g}-{'h' if down_after > 1 or cooldown else 'nh'}"
                     f"{f'-sure{sure_z:g}' if sure_z else ''}{'' if predictor == 'constant' else '-' + predictor}",

@@ -373,6 +373,11 @@ class PlannerSettings(BaseModel):
     #: its arrivals passed the forecast's by more than this many standard deviations, within the cooldown
     #: of a shrink too (a ramp's first seconds, not a flap). 0 turns it off (docs/planner.md, "The sure rise").
     sure_rise_z: float = Field(3.0, ge=0)
+    #: ``sla`` mode: a pool grows on its plan only when the plan's fractional need passes its size by more
+    #: than this share of it (a need of 5.2 holds 5 workers at 0.05); the plan aims at ``sla_margin`` of the
+    #: targets, so a few percent over still meets them. The floor, a sure rise and the burst thresholds grow
+    #: past it. 0: grow on any excess (docs/planner.md, "The up-band").
+    up_band: float = Field(0.05, ge=0, le=0.25)
     #: ``sla`` mode: the floor (the load already on a pool) grows a pool only while the arrivals are above
     #: the forecast by at least this many standard deviations: on the fast path those of the interval so far,
     #: at an interval's end those of the interval that ended; such a rise also lifts the floor's hold within

@@ -383,12 +383,14 @@ class Planner:
             return replace(plan, reason=f"{plan.reason}; {why}: {floor} workers held (shrank from "
                                         f"{memory.shrunk_from} at interval {memory.last_down})", sure_replicas=sure,
                            held=within)
-        return replace(plan, replicas=floor, reason=f"{why}: {floor} workers now ({plan.reason})", sure_replicas=sure)
+        return replace(plan, replicas=floor, reason=f"{why}: {floor} workers now ({plan.reason})", sure_replicas=sure,
+                       need=None)
 
     def _wish(self, plan: PoolPlan) -> Wish:
-        """``plan``'s wish within the pool's bounds."""
+        """``plan``'s wish within the pool's bounds (its fractional need only where the bounds kept it)."""
         sure = None if plan.sure_replicas is None else self._bounded(plan.ref, plan.sure_replicas)
-        return Wish(self._bounded(plan.ref, plan.replicas), sure)
+        wanted = self._bounded(plan.ref, plan.replicas)
+        return Wish(wanted, sure, need=plan.need if wanted == plan.replicas else None)
 
     async def _apply(self, kind: str, now: float, states: dict[PoolRef, PoolState], views: list[ModelView],
                      plans: list[PoolPlan]) -> Decision:
@@ -416,7 +418,7 @@ class Planner:
             else:
                 targets[ref], notes[ref] = settle(before, wish.wanted, self.memory[ref], self.tick,
                                                   self.s.down_after_intervals, self.s.cooldown_intervals, wish.sure,
-                                                  wish.sure_why)
+                                                  wish.sure_why, wish.need, self.s.up_band)
         # The fast path never shrinks, through the budget either: a pool that grows takes only what the
         # others leave (cutting one to grow another was a flap a tick, the disagg 60-second run).
         floors = {r: requested[r] if kind == "fast" else lowest(r.pool, self.s.min_replicas, self.local_prefill)
@@ -475,7 +477,8 @@ def _so_far(so_far: TrafficSample, forecast: Forecast) -> str:
 
 def _at_least(plan: PoolPlan, replicas: int, why: str) -> PoolPlan:
     """``plan``, or ``replicas`` workers for ``why`` when that is more."""
-    return replace(plan, replicas=replicas, reason=f"{why} ({plan.reason})") if replicas > plan.replicas else plan
+    return replace(plan, replicas=replicas, reason=f"{why} ({plan.reason})", need=None) \
+        if replicas > plan.replicas else plan
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -145,6 +145,10 @@ class PoolPlan:
     #: this pool's plan with the pools apart, which it keeps while the prefill pool still has workers
     #: (planner.scaling.decode_wish); None: the plan keeps the pools apart.
     apart: PoolPlan | None = None
+    #: ``sla`` mode: the workers the plan's load needs as a fraction, before rounding up to ``replicas``
+    #: (the up-band's measure, planner.scaling.settle); None: a whole number of workers that must be met
+    #: (the threshold modes, the floor of the load already on the pool, a sure rise).
+    need: float | None = None
 
 
 def threshold_plan(state: PoolState, thresholds: PlannerThresholds) -> PoolPlan:
@@ -255,22 +259,41 @@ class SlaPlanner:
         decode = f.rate * f.osl * itl / batch
         return prefill, decode, s, itl
 
+    def agg_fit(self, f: Forecast, c: Corrections, n: float) -> float | None:
+        """The ITL ``n`` aggregated workers give ``f`` when they meet the targets (see the module's
+        docstring; ``n`` may be fractional, a share of a worker's time), else None."""
+        s = self.prefill_service_s(f.isl, c)
+        busy = f.rate * s / n if n > 0 else math.inf
+        if busy >= self.prefill_rho(s):
+            return None
+        context = f.decode_context
+        batch = self.profile.decode_batch_within(self.itl_s * (1 - busy), context, c.decode_factor)
+        if batch == 0:
+            return None
+        itl = self.profile.itl_s(batch, context) * c.decode_factor / (1 - busy)
+        # Little's law over a stream's stay: prefill and decode
+        return itl if f.rate * (f.osl * itl + s) / n <= batch else None
+
     def agg_workers(self, f: Forecast, c: Corrections) -> tuple[int, float]:
         """The fewest aggregated workers for ``f``, and the ITL they give (see the module's docstring)."""
-        s = self.prefill_service_s(f.isl, c)
-        rho_max, context = self.prefill_rho(s), f.decode_context
         for n in range(1, MAX_WORKERS + 1):
-            busy = f.rate * s / n
-            if busy >= rho_max:
-                continue
-            batch = self.profile.decode_batch_within(self.itl_s * (1 - busy), context, c.decode_factor)
-            if batch == 0:
-                continue
-            itl = self.profile.itl_s(batch, context) * c.decode_factor / (1 - busy)
-            if f.rate * (f.osl * itl + s) / n <= batch:  # Little's law over a stream's stay: prefill and decode
+            itl = self.agg_fit(f, c, n)
+            if itl is not None:
                 return n, itl
         prefill, decode, _, itl = self.needs(f, c)  # out of reach: the two phases' sum, as for pools apart
         return replicas_for(prefill + decode), itl
+
+    def agg_need(self, f: Forecast, c: Corrections, n: int) -> float:
+        """The aggregated workers ``f`` needs as a fraction (the up-band's measure, planner.scaling.settle),
+        given :meth:`agg_workers`' ``n``: where between ``n - 1`` and ``n`` workers' time starts to meet the
+        targets, to a thousandth of a worker; ``n`` when ``n`` does not meet them either (out of reach)."""
+        if self.agg_fit(f, c, n) is None:
+            return float(n)
+        lo, hi = n - 1.0, float(n)
+        while hi - lo > 1e-3:
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if self.agg_fit(f, c, mid) is not None else (mid, hi)
+        return hi
 
     def plan(self, model: str, layout: str, f: Forecast, c: Corrections, local_now: bool = False,
              keep_apart: bool = False) -> list[PoolPlan]:
@@ -286,21 +309,23 @@ class SlaPlanner:
         if layout == "disagg":
             n_p, n_d = replicas_for(prefill), replicas_for(decode)
             apart = [PoolPlan(PoolRef(model, Pool.PREFILL), n_p, f"{why}: {prefill:.2f} prefill workers",
-                              self.expected_ttft_s(f.rate, f.isl, max(n_p, 1), c), None),
+                              self.expected_ttft_s(f.rate, f.isl, max(n_p, 1), c), None, need=prefill),
                      PoolPlan(PoolRef(model, Pool.DECODE), n_d, f"{why}, itl {itl * 1000:.1f} ms: {decode:.2f} decode "
-                                                                "workers", None, itl)]
+                                                                "workers", None, itl, need=decode)]
             if self.local_prefill and not keep_apart:  # the decode pool alone, as aggregated workers, when fewer
                 n, local_itl = self.agg_workers(f, c)
                 total = max(n_p, 1) + max(n_d, 1)  # a pool that is kept has a worker
                 if n < total or (n == total and local_now):
                     local = f"{why}: the decode pool computes the prompts, {n} workers ({total} apart)"
-                    return [PoolPlan(PoolRef(model, Pool.PREFILL), 0, local, None, None, apart=apart[0]),
+                    return [PoolPlan(PoolRef(model, Pool.PREFILL), 0, local, None, None, apart=apart[0], need=0.0),
                             PoolPlan(PoolRef(model, Pool.DECODE), n, f"{local}, itl {local_itl * 1000:.1f} ms",
-                                     self.expected_ttft_s(f.rate, f.isl, n, c), local_itl, apart=apart[1])]
+                                     self.expected_ttft_s(f.rate, f.isl, n, c), local_itl, apart=apart[1],
+                                     need=self.agg_need(f, c, n))]
             return apart
         n, itl = self.agg_workers(f, c)
-        return [PoolPlan(PoolRef(model, Pool.AGG), n, f"{why}, itl {itl * 1000:.1f} ms: {n} workers",
-                         self.expected_ttft_s(f.rate, f.isl, n, c), itl)]
+        need = self.agg_need(f, c, n)
+        return [PoolPlan(PoolRef(model, Pool.AGG), n, f"{why}, itl {itl * 1000:.1f} ms: {n} workers ({need:.2f})",
+                         self.expected_ttft_s(f.rate, f.isl, n, c), itl, need=need)]
 
     def sure_replicas(self, model: str, layout: str, previous: float, current: float, f: Forecast, c: Corrections,
                       z: float, interval_s: float, local_now: bool = False, keep_apart: bool = False,

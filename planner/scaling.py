@@ -12,6 +12,12 @@ functions (the controller keeps each pool's :class:`PoolMemory` across intervals
   The other way round, the ``sla`` mode's floor (the load already on a pool) does not grow a pool back to
   the size it had within ``cooldown`` intervals of shrinking it, only past it (:func:`floor_allowed`); the
   burst thresholds still do.
+* Up-band (:func:`within_band`): a plan's need is fractional (4.03 workers) and rounds up; a pool holds
+  when that need passes its size by no more than ``up_band`` of it (5% by default), instead of growing a
+  whole worker for a few hundredths of one. The plan aims at ``sla_margin`` of the targets, so the pool
+  still meets them; the rate an interval draws swings a need at the edge of a whole number by a few
+  percent, and growing on it was the last steady flap (docs/planner.md, "The up-band"). The floor (the
+  load already on a pool), a sure rise and the burst thresholds are whole numbers and grow past it.
 * One move across two pools (:func:`decode_wish`): a disaggregated plan that moves the prompts to the
   decode pool (the prefill pool at 0) or back changes both pools, and they change together. While the
   prefill pool's hysteresis keeps its workers, the decode pool keeps the size it has apart (growing it to
@@ -58,10 +64,15 @@ def lowest(pool: Pool, min_replicas: int, local_prefill: bool) -> int:
 
 
 def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_after: int,
-           cooldown: int, sure: int | None = None, sure_why: str = SURE_FALL) -> tuple[int, str]:
+           cooldown: int, sure: int | None = None, sure_why: str = SURE_FALL, need: float | None = None,
+           up_band: float = 0.0) -> tuple[int, str]:
     """The replicas to ask for at interval ``tick`` and a note on why (see the module's docstring).
     ``sure``: after a sure fall (``sure_why``), what the upper end of the observed rate needs (taken at
-    least ``wanted``); None: no sure shrink."""
+    least ``wanted``); None: no sure shrink. ``need``: the workers the wish rounded up from (None: a whole
+    number that must be met); within ``up_band`` of the pool's size the pool holds instead of growing."""
+    if wanted > requested and within_band(requested, need, up_band):
+        memory.low.clear()
+        return requested, f"hold: needs {need:.2f} workers, within {up_band:.0%} of the {requested} it has"
     if wanted > requested:
         memory.last_up = tick
         memory.low.clear()
@@ -80,16 +91,24 @@ def settle(requested: int, wanted: int, memory: PoolMemory, tick: int, down_afte
     return _shrink(memory, tick, requested, max(memory.low)), "down"
 
 
+def within_band(requested: int, need: float | None, up_band: float) -> bool:
+    """Whether a pool of ``requested`` workers holds a fractional ``need`` within the up-band: it has a
+    worker, and the need passes its size by at most ``up_band`` of it (see the module's docstring)."""
+    return need is not None and requested > 0 and need <= requested * (1 + up_band)
+
+
 @dataclass(frozen=True, slots=True)
 class Wish:
     """What a pool asks hysteresis for: ``wanted`` workers, and ``sure``, a size to shrink to at once,
     and why (see :func:`settle`; None: none). ``apart``: the decode pool's size with the pools apart,
-    taken instead of its plan's (:func:`decode_wish`)."""
+    taken instead of its plan's (:func:`decode_wish`). ``need``: the fractional workers ``wanted`` rounds
+    up (the up-band's measure; None: none)."""
 
     wanted: int
     sure: int | None = None
     sure_why: str = SURE_FALL
     apart: bool = False
+    need: float | None = None
 
 
 def decode_wish(prefill_requested: int, prefill_target: int, plan: Wish, apart: Wish | None) -> Wish:

@@ -275,15 +275,15 @@ async def test_moving_the_prompts_between_the_pools_changes_both_pools_together(
         await publish(rate, isl, osl)
         return {x.pool: x for x in (await p.step("interval")).pools}
 
-    # 8 requests/s of 1,000 and 100 tokens: the decode pool alone takes 3 workers, the pools apart 2 + 2. The
+    # 9 requests/s of 1,000 and 100 tokens: the decode pool alone takes 3 workers (2.27), the pools apart 2 + 2. The
     # prefill pool's drop to 0 waits a second interval (down_after 2), and the decode pool waits with it at
     # its size apart: growing it to 3 beside 2 prefill workers would pay for both (and shrink it back if the
     # next plan kept the pools apart).
-    pools = await interval(8.0, 1000, 100)
+    pools = await interval(9.0, 1000, 100)
     assert (pools["prefill"].target, pools["decode"].target) == (2, 2)
     assert "the prefill pool keeps 2 workers, so the prompts stay there" in pools["decode"].reason
     assert pools["decode"].wanted == 2
-    pools = await interval(8.0, 1000, 100)
+    pools = await interval(9.0, 1000, 100)
     assert (pools["prefill"].action, pools["prefill"].target, pools["decode"].action, pools["decode"].target) == (
         "down", 0, "up", 3)
     assert "the decode pool computes the prompts" in pools["decode"].reason
@@ -438,3 +438,39 @@ async def test_a_successor_resumes_the_decodes_context_and_an_older_state_withou
     older = planner(redis, keys)
     await older.resume()
     assert older.forecasters[MODEL].forecast() == Forecast(3.0, 1200, 100, 1250.0)
+
+
+@pytest.mark.parametrize("up_band", [0.05, 0.0])
+async def test_a_plan_a_few_hundredths_of_a_worker_over_the_pool_holds_it_within_the_up_band(
+        redis, namespace, up_band: float) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    for wid in ("w0", "w1"):
+        await put_worker(redis, keys, wid, usage=0.05)
+    publish = counters_publisher(FrontendRegistry(redis, keys))
+    clock = [100.0]
+    p = Planner(settings(mode="sla", itl_s=0.0625, ttft_s=1.0, interval_s=60.0, sure_shrink_z=0.0, up_band=up_band),
+                [MODEL], redis, keys, VirtualConnector(redis, keys), profile=sla_profile(), clock=lambda: clock[0])
+    await publish(0.0, 0, 0)
+    await p.resume()
+
+    async def interval(rate: float) -> PoolDecision:
+        clock[0] += 60.0
+        await publish(rate, 1000, 100)
+        [pool] = (await p.step("interval")).pools
+        return pool
+
+    # 8.2 requests/s of 1,000 and 100 tokens need 2.06 aggregated workers: within 5% of 2, the pool holds.
+    pool = await interval(8.2)
+    assert pool.wanted == 3
+    if up_band:
+        assert (pool.action, pool.target) == ("hold", 2)
+        assert "hold: needs 2.06 workers, within 5% of the 2 it has" in pool.reason
+        # 8.8 requests/s need 2.21: past the band, it grows.
+        pool = await interval(8.8)
+    assert (pool.action, pool.target) == ("up", 3)
+    # The load on the pool is a whole number of workers, which grows it past the band: with two of its three
+    # workers at KV usage 0.8 the floor is 4 (the usage at which the ITL meets the target is 0.41, test_modes).
+    for wid in ("w0", "w1", "w2"):
+        await put_worker(redis, keys, wid, usage=0.8 if wid != "w2" else 0.0)
+    pool = await interval(8.2)
+    assert (pool.action, pool.target) == ("up", 4) and "kv usage" in pool.reason

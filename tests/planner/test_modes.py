@@ -308,3 +308,20 @@ def test_a_sure_rise_keeps_the_pools_apart_unless_the_decode_pool_computes_the_p
     # The fast path cannot take the prefill pool's workers away: the rise is sized apart.
     assert local.rise_replicas("m", "disagg", f, 200, 20.0, Corrections(), 3.0) == apart
     assert local.rise_replicas("m", "disagg", f, 200, 20.0, Corrections(), 3.0, local_now=True) == alone
+
+
+@pytest.mark.parametrize("rate", [0.5, 4.0, 8.2, 20.0])
+def test_each_plan_says_the_fractional_workers_it_rounds_up(rate: float) -> None:
+    f = Forecast(rate=rate, isl=1000, osl=100)
+    sla = SlaPlanner(profile(), ttft_s=0.8, itl_s=0.05, prefill_utilization=0.7, local_prefill=True)
+    [agg] = sla.plan("m", "agg", f, Corrections())
+    assert agg.need is not None and agg.replicas - 1 < agg.need <= agg.replicas
+    # Where the aggregated workers' time starts to meet the targets, to a thousandth of a worker.
+    assert sla.agg_fit(f, Corrections(), agg.need) is not None
+    assert sla.agg_fit(f, Corrections(), agg.need - 0.002) is None
+    prefill, decode, _, _ = sla.needs(f, Corrections())
+    apart = sla.plan("m", "disagg", f, Corrections(), keep_apart=True)
+    assert [p.need for p in apart] == [prefill, decode]
+    plans = sla.plan("m", "disagg", f, Corrections())
+    if plans[0].replicas == 0:  # the decode pool alone needs what aggregated workers do
+        assert plans[1].need == agg.need and plans[0].need == 0.0

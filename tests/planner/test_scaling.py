@@ -13,6 +13,7 @@ from planner.scaling import (
     grow_only,
     lowest,
     settle,
+    within_band,
 )
 
 
@@ -117,3 +118,19 @@ def test_moving_the_prompts_between_the_pools_is_one_move() -> None:
         3, "down (the prefill pool grows from 0 to 1)")
     # The pools stay apart and the prefill pool had workers: the plan as it is.
     assert decode_wish(1, 2, Wish(3, sure=2), None) == Wish(3, sure=2)
+
+
+def test_a_need_within_the_up_band_holds_the_pool_instead_of_growing_it() -> None:
+    # A plan that rounds 5.2 workers up to 6 holds a pool of 5 within a band of 5% (up to 5.25) ...
+    memory = PoolMemory(low=[4])
+    assert settle(5, 6, memory, 10, 2, 2, need=5.2, up_band=0.05) == (
+        5, "hold: needs 5.20 workers, within 5% of the 5 it has")
+    assert memory.low == [] and memory.last_up < 0  # a hold: neither a wish to shrink nor a growth
+    # ... and grows it past the band, on a whole number (the floor, a sure rise) or with no band.
+    assert settle(5, 6, PoolMemory(), 10, 2, 2, need=5.3, up_band=0.05) == (6, "up")
+    assert settle(5, 6, PoolMemory(), 10, 2, 2, need=None, up_band=0.05) == (6, "up")
+    assert settle(5, 6, PoolMemory(), 10, 2, 2, need=5.2, up_band=0.0) == (6, "up")
+    # A pool of no worker grows on any need; the band never shrinks a pool.
+    assert settle(0, 1, PoolMemory(), 10, 2, 2, need=0.01, up_band=0.05) == (1, "up")
+    assert [within_band(n, need, 0.05) for n, need in ((5, 5.25), (5, 5.26), (0, 0.0), (2, None))] == [
+        True, False, False, False]
