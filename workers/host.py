@@ -217,7 +217,8 @@ class EngineHost:
 
     async def _heartbeat(self) -> None:
         interval = self.settings.worker.heartbeat_interval_s
-        renewed_at = time.monotonic()  # the last renewal that Redis took
+        renewed_at = time.monotonic()  # the last renewal that Redis took (when its answer came)
+        sent_at = renewed_at  # when that renewal was sent: Redis took it at or after this
         failed_at: float | None = None  # the last failed renewal since then
         while True:
             await asyncio.sleep(interval)
@@ -230,13 +231,13 @@ class EngineHost:
                                 "%.1f s ago, the lease is %.1f s; a stalled process or machine, or Redis restarted)",
                                 self.identity.worker_id, began - renewed_at, self.settings.worker.lease_ttl_s)
                     self.record = fresh
-                    await self._drop_lapsed(renewed_at if failed_at is None else failed_at)
+                    await self._drop_lapsed(sent_at if failed_at is None else failed_at)
                     await self._publish_kv_state(fresh.slot)
                 # On time and answered at once: a stall of this process, of Redis or of the whole machine
                 # (a busy one stops processes for seconds) held the frontends' renewals up too.
                 steady = (failed_at is None and fresh is None and began - renewed_at <= 2 * interval
                           and time.monotonic() - began <= interval)
-                renewed_at, failed_at = time.monotonic(), None
+                renewed_at, sent_at, failed_at = time.monotonic(), began, None
                 await self._drop_orphans(steady)
             except Exception:  # noqa: BLE001 - keep heartbeating through Redis hiccups
                 failed_at = time.monotonic()
@@ -244,9 +245,13 @@ class EngineHost:
 
     async def _drop_lapsed(self, lapsed_at: float) -> None:
         """Abort the requests that started before the lease was lost (``lapsed_at``: the last renewal
-        that failed, or else the last that Redis took): their frontends took this worker for lost, or
-        lost their streams with Redis, and moved or ended them. A request taken since (Redis came back
-        before this renewal) has a frontend waiting for it and goes on."""
+        that failed, or else when the last that Redis took was sent): their frontends took this worker for
+        lost, or lost their streams with Redis, and moved or ended them. A request taken since (Redis came
+        back before this renewal) has a frontend waiting for it and goes on. A request that started while
+        that renewal was on its way counts as taken since: Redis may have lost the lease before it came (on a
+        busy machine the answer is read late, after requests taken since the loss). Dropping a request its
+        frontend waits for fails a client; keeping one its frontend moved costs compute (nobody reads that
+        attempt's id)."""
         stale = self.running.started_before(lapsed_at)
         if stale:
             log.warning("worker %s dropping %d of %d running request(s): this worker's lease lapsed, and their "
