@@ -24,7 +24,7 @@ from core.settings import PlannerSettings
 from planner.connectors.base import PoolRef
 from planner.modes import Corrections, Forecast, PoolPlan, SlaPlanner, with_headroom
 from planner.predictors import PredictorKind, make_predictor
-from planner.scaling import PoolMemory, Wish, bounded, decode_wish, lowest, settle
+from planner.scaling import PoolMemory, Wish, bounded, decode_wish, lowest, settle, wish_within
 
 CHAT = (512, 128)
 LONG = (2000, 32)
@@ -133,10 +133,7 @@ def causal(day: Sequence[Step], rates: Sequence[float], sla: SlaPlanner, layout:
     memory: dict[str, PoolMemory] = {}
 
     def wish(plan: PoolPlan, sure: dict[PoolRef, int]) -> Wish:
-        least = lowest(plan.ref.pool, lo, sla.local_prefill)
-        wanted = bounded(plan.replicas, least, hi)
-        return Wish(wanted, bounded(sure[plan.ref], least, hi) if plan.ref in sure else None,
-                    need=plan.need if wanted == plan.replicas else None)
+        return wish_within(plan.replicas, sure.get(plan.ref), plan.need, lowest(plan.ref.pool, lo, sla.local_prefill), hi)
 
     options = {"window": PlannerSettings().predictor_window} if predictor == "moving_average" else {}
     rate_p, isl_p, osl_p = (make_predictor(predictor, **options) for _ in range(3))

@@ -69,6 +69,7 @@ from planner.scaling import (
     grow_only,
     lowest,
     settle,
+    wish_within,
 )
 from router.cluster import ClusterReader, ClusterSnapshot
 
@@ -159,8 +160,11 @@ class Planner:
             f.observe(rate, isl if isl >= 0 else None, osl if osl >= 0 else None, context if context >= 0 else None)
         return f
 
+    def _lowest(self, ref: PoolRef) -> int:
+        return lowest(ref.pool, self.s.min_replicas, self.local_prefill)
+
     def _bounded(self, ref: PoolRef, wanted: int) -> int:
-        return bounded(wanted, lowest(ref.pool, self.s.min_replicas, self.local_prefill), self.s.max_replicas)
+        return bounded(wanted, self._lowest(ref), self.s.max_replicas)
 
     def _local(self, model: str, states: dict[PoolRef, PoolState]) -> bool:
         """Whether ``model``'s decode pool computes its prompts itself: prefill may go to 0 and no prefill
@@ -387,10 +391,8 @@ class Planner:
                        need=None)
 
     def _wish(self, plan: PoolPlan) -> Wish:
-        """``plan``'s wish within the pool's bounds (its fractional need only where the bounds kept it)."""
-        sure = None if plan.sure_replicas is None else self._bounded(plan.ref, plan.sure_replicas)
-        wanted = self._bounded(plan.ref, plan.replicas)
-        return Wish(wanted, sure, need=plan.need if wanted == plan.replicas else None)
+        """``plan``'s wish within the pool's bounds."""
+        return wish_within(plan.replicas, plan.sure_replicas, plan.need, self._lowest(plan.ref), self.s.max_replicas)
 
     async def _apply(self, kind: str, now: float, states: dict[PoolRef, PoolState], views: list[ModelView],
                      plans: list[PoolPlan]) -> Decision:
@@ -421,8 +423,7 @@ class Planner:
                                                   wish.sure_why, wish.need, self.s.up_band)
         # The fast path never shrinks, through the budget either: a pool that grows takes only what the
         # others leave (cutting one to grow another was a flap a tick, the disagg 60-second run).
-        floors = {r: requested[r] if kind == "fast" else lowest(r.pool, self.s.min_replicas, self.local_prefill)
-                  for r in targets}
+        floors = {r: requested[r] if kind == "fast" else self._lowest(r) for r in targets}
         fitted = fit_budget(targets, floors, self.s.budget)
         pools = []
         for plan in chosen:

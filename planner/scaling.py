@@ -111,6 +111,13 @@ class Wish:
     need: float | None = None
 
 
+def wish_within(replicas: int, sure: int | None, need: float | None, lo: int, hi: int) -> Wish:
+    """A plan's wish (``replicas``, its ``sure`` shrink and fractional ``need``) within the bounds ``lo``..``hi``;
+    the need is kept only where the bounds kept ``replicas`` (a bound is a whole number that must be met)."""
+    wanted = bounded(replicas, lo, hi)
+    return Wish(wanted, None if sure is None else bounded(sure, lo, hi), need=need if wanted == replicas else None)
+
+
 def decode_wish(prefill_requested: int, prefill_target: int, plan: Wish, apart: Wish | None) -> Wish:
     """A disaggregated model's decode pool's wish once its prefill pool settled on ``prefill_target``
     (from ``prefill_requested``) at the same tick: ``plan``'s, or ``apart`` (the decode pool's wish with the

@@ -13,6 +13,7 @@ from planner.scaling import (
     grow_only,
     lowest,
     settle,
+    wish_within,
     within_band,
 )
 
@@ -134,3 +135,9 @@ def test_a_need_within_the_up_band_holds_the_pool_instead_of_growing_it() -> Non
     assert settle(0, 1, PoolMemory(), 10, 2, 2, need=0.01, up_band=0.05) == (1, "up")
     assert [within_band(n, need, 0.05) for n, need in ((5, 5.25), (5, 5.26), (0, 0.0), (2, None))] == [
         True, False, False, False]
+
+
+def test_a_wish_within_the_bounds_keeps_its_need_only_where_the_bounds_kept_its_size() -> None:
+    assert wish_within(3, 9, 2.4, 1, 8) == Wish(3, 8, need=2.4)
+    assert wish_within(0, None, 0.3, 1, 8) == Wish(1, None, need=None)  # the minimum is a whole number
+    assert wish_within(10, None, 9.5, 1, 8) == Wish(8, None, need=None)
