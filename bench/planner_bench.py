@@ -123,6 +123,9 @@ class Config:
     local_prefill: bool = True
     #: The sla mode's up-band (the share of a pool's size its plan's need may pass it by before it grows).
     up_band: float = PlannerSettings().up_band
+    #: The sla mode's floor margin of a decode pool apart (the share of the ITL target at which the floor
+    #: takes its KV target; None: the margin).
+    decode_floor_margin: float | None = PlannerSettings().decode_floor_margin
 
 
 def worker_env(c: Config) -> dict[str, str]:
@@ -267,6 +270,7 @@ def planner_env(c: Config, layout: str, profile_path: Path, run_dir: Path) -> di
             "SLUICE_PLANNER__RATE_HEADROOM_Z": str(c.headroom_z), "SLUICE_PLANNER__SURE_SHRINK_Z": str(c.sure_shrink_z),
             "SLUICE_PLANNER__SURE_RISE_Z": str(c.sure_rise_z), "SLUICE_PLANNER__FLOOR_RISE_Z": str(c.floor_rise_z),
             "SLUICE_PLANNER__LOCAL_PREFILL": str(c.local_prefill).lower(), "SLUICE_PLANNER__UP_BAND": str(c.up_band),
+            "SLUICE_PLANNER__DECODE_FLOOR_MARGIN": str(c.decode_floor_margin or c.margin),
             "SLUICE_PLANNER__LOCAL_DIR": str(run_dir), "SLUICE_PLANNER__METRICS_PORT": "-1",
             "SLUICE_PLANNER__LOCK_TTL_S": str(max(3.0, c.step_s)),
             "SLUICE_PLANNER__WORKER_COMMAND": json.dumps([sys.executable, "-m", "sluice", "worker", "--log-level",
@@ -530,6 +534,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the sla mode's floor grows a pool only on a rise (SLUICE_PLANNER__FLOOR_RISE_Z; 0: always)")
     p.add_argument("--up-band", type=float, default=PlannerSettings().up_band,
                    help="the sla mode's up-band (SLUICE_PLANNER__UP_BAND; 0: grow on any excess)")
+    p.add_argument("--decode-floor-margin", type=float, default=PlannerSettings().decode_floor_margin,
+                   help="the share of the ITL target at which the floor takes the KV target of a decode pool "
+                        "apart (SLUICE_PLANNER__DECODE_FLOOR_MARGIN)")
     p.add_argument("--local-prefill", action=argparse.BooleanOptionalAction, default=True,
                    help="disaggregated: the prefill pool may go to 0, the decode pool computing the prompts "
                         "(SLUICE_PLANNER__LOCAL_PREFILL; the oracle's model too)")
@@ -543,7 +550,7 @@ def config_of(args: argparse.Namespace) -> Config:
     return Config(args.step_s, args.base_rate, args.ttft, args.itl, args.speedup, args.kv_blocks, args.min_replicas,
                   args.max_replicas, args.budget, args.utilization, args.margin, args.seed, args.correction,
                   args.headroom_z, args.sure_shrink_z, args.sure_rise_z, args.floor_rise_z, args.local_prefill,
-                  args.up_band)
+                  args.up_band, args.decode_floor_margin)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -358,6 +358,14 @@ class PlannerSettings(BaseModel):
     #: ``sla`` mode: the share of each target the plan aims at. The model predicts means; aiming under
     #: the targets leaves room for the spread around them, so that most requests meet them, not half.
     sla_margin: float = Field(0.8, gt=0, le=1)
+    #: ``sla`` mode, ``disagg`` layout: the share of the ITL target at which the floor takes the KV target
+    #: (the usage it brings the load already there down to) of a decode pool whose prompts the prefill pool
+    #: computes. Its streams' ITL spreads little around the pool's mean, so the floor needs no margin under
+    #: the target there; pools that compute prompts keep ``sla_margin`` (docs/planner.md, "The floor of a
+    #: decode pool apart"). None: ``sla_margin``. It holds where the prefill pool takes every prompt
+    #: (``SLUICE_DISAGG__MIN_TOKENS`` 0, as the bench runs); where conditional disaggregation keeps shorter
+    #: prompts on the decode workers, set it to ``sla_margin``.
+    decode_floor_margin: float | None = Field(1.0, gt=0, le=1)
     #: ``sla`` mode: the predicted rate is raised by this many standard deviations of an interval's Poisson
     #: arrivals (planner.modes.with_headroom), so that a busier than average interval meets the targets too.
     #: On the bench's day 0, 0.5 and 1.3 all met the targets at 8-second intervals (98-100% of requests);

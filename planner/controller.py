@@ -139,7 +139,8 @@ class Planner:
         #: The prefill pools may go to 0 (PlannerSettings.local_prefill: the sla mode, disaggregated).
         self.local_prefill = settings.local_prefill and settings.mode == "sla" and settings.layout == "disagg"
         self.sla = SlaPlanner(profile, settings.ttft_s * settings.sla_margin, settings.itl_s * settings.sla_margin,
-                              settings.prefill_utilization, self.local_prefill) if profile else None
+                              settings.prefill_utilization, self.local_prefill,
+                              settings.itl_s * (settings.decode_floor_margin or settings.sla_margin)) if profile else None
         self.meter = TrafficMeter()
         #: Where the traffic is read when it is not the frontends' counters (SLUICE_PLANNER__SOURCE).
         self.prometheus = prometheus

@@ -227,6 +227,9 @@ class SlaPlanner:
     #: ``disagg``: the prefill pool may go to 0 workers, the decode pool computing the prompts itself,
     #: when that takes fewer workers (:meth:`plan`; PlannerSettings.local_prefill).
     local_prefill: bool = False
+    #: The ITL at which :meth:`floor` takes the KV target of a decode pool that computes no prompts (None:
+    #: ``itl_s``, the one the plan aims at; PlannerSettings.decode_floor_margin).
+    decode_floor_itl_s: float | None = None
 
     def prefill_service_s(self, isl: float, c: Corrections) -> float:
         return self.profile.ttft_s(isl) * c.prefill_factor
@@ -357,11 +360,17 @@ class SlaPlanner:
         """The workers the load already on the pool needs, whatever was predicted: its KV usage brought down
         to the usage at which the profile's ITL meets the target (pools that decode), and its waiting
         prompts computed within the TTFT target (pools that prefill; a decode pool too when ``local``: it
-        computes its prompts itself, no prefill worker being live)."""
+        computes its prompts itself, no prefill worker being live). A decode pool whose prompts the prefill
+        pool computes takes its KV target at ``decode_floor_itl_s``: its streams' ITL spreads little around
+        the pool's mean, while a pool that computes prompts between its decode steps keeps the margin the
+        plan aims at (docs/planner.md, "The floor of a decode pool apart")."""
         n, pool, out, why = state.workers, state.ref.pool, 0, []
         if pool.serves_clients and n:
             context = max(f.decode_context, 1.0)
-            batch = max(1, self.profile.decode_batch_within(self.itl_s, context, c.decode_factor))
+            itl = self.itl_s
+            if pool is Pool.DECODE and not local and self.decode_floor_itl_s is not None:
+                itl = self.decode_floor_itl_s
+            batch = max(1, self.profile.decode_batch_within(itl, context, c.decode_factor))
             usage_at_target = min(1.0, batch * context / self.profile.kv_tokens)
             out = replicas_for(n * state.kv_usage / usage_at_target)
             why.append(f"kv usage {state.kv_usage:.2f} (target {usage_at_target:.2f})")

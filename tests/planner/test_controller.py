@@ -242,6 +242,26 @@ async def test_with_local_prefill_a_quiet_disaggregated_model_drops_its_prefill_
     assert "9 prompts waiting" in pools["decode"].reason
 
 
+@pytest.mark.parametrize(("margin", "prefill_live", "target"), [
+    (1.0, True, 1),  # the target itself, the prompts computed apart: 51 streams of 1,050 tokens, 0.54 of the KV
+    (None, True, 2),  # the plan's margin: 0.8 of the target, 39 streams, 0.41
+    (1.0, False, 2),  # the decode pool computes its prompts (no prefill worker live): the plan's margin
+])
+async def test_a_decode_pool_apart_takes_its_floor_at_its_own_margin_of_the_itl_target(
+        redis, namespace, margin: float | None, prefill_live: bool, target: int) -> None:  # noqa: ANN001
+    keys = Keys(namespace)
+    if prefill_live:
+        await put_worker(redis, keys, "p0", usage=0.0, pool=Pool.PREFILL)
+    await put_worker(redis, keys, "d0", usage=0.5, pool=Pool.DECODE)
+    p = Planner(settings(mode="sla", layout="disagg", local_prefill=True, itl_s=0.0625, ttft_s=1.0,
+                         decode_floor_margin=margin, min_replicas=0), [MODEL], redis, keys,
+                VirtualConnector(redis, keys), profile=sla_profile())
+    p.forecasters[MODEL].observe(0.1, 1000, 100)  # a quiet interval: the plan from the rate is one worker
+    decode = {x.pool: x for x in (await p.step("fast")).pools}["decode"]
+    assert (decode.action, decode.target) == ("up" if target > 1 else "hold", target)
+    assert target == 1 or "kv usage 0.50 (target 0.41)" in decode.reason
+
+
 def counters_publisher(frontends: FrontendRegistry) -> Callable[[float, int, int], Awaitable[None]]:
     """Publishes one frontend's counters after another 60 s of ``rate`` requests/s of ``isl`` and ``osl``
     tokens, all finished (the interval's rate and lengths the planner's traffic meter reads)."""

@@ -200,6 +200,17 @@ def test_the_floor_follows_the_load_already_there() -> None:
     assert sla.floor(PoolState(PoolRef("m", Pool.DECODE), 1, queued=9), f, Corrections())[0] == 0
     # ... unless the decode pool computes its prompts itself (no prefill worker live).
     assert sla.floor(PoolState(PoolRef("m", Pool.DECODE), 1, queued=9), f, Corrections(), local=True)[0] == 3
+    # A decode pool whose prompts the prefill pool computes takes its KV target at its own ITL: at 0.0625 s
+    # a worker holds more streams, so the same usage asks for fewer workers. A pool that computes prompts
+    # (aggregated, or a decode pool computing its own) keeps the plan's.
+    wider = SlaPlanner(profile(), ttft_s=0.3, itl_s=0.05, decode_floor_itl_s=0.0625)
+    batch = wider.profile.decode_batch_within(0.0625, 1050)
+    assert batch > 39
+    apart = PoolState(PoolRef("m", Pool.DECODE), 2, kv_usage=0.8)
+    n, why = wider.floor(apart, f, Corrections())
+    assert n == math.ceil(2 * 0.8 / (batch * 1050 / 100_000)) < 4 and f"target {batch * 1050 / 100_000:.2f}" in why
+    assert wider.floor(apart, f, Corrections(), local=True)[0] == 4
+    assert wider.floor(state(2, usage=0.8), f, Corrections())[0] == 4
 
 
 def test_corrections_scale_the_plan_and_are_smoothed_and_bounded() -> None:
