@@ -365,16 +365,15 @@ class SlaPlanner:
         the pool's mean, while a pool that computes prompts between its decode steps keeps the margin the
         plan aims at (docs/planner.md, "The floor of a decode pool apart")."""
         n, pool, out, why = state.workers, state.ref.pool, 0, []
+        computes_prompts = pool is not Pool.DECODE or local
         if pool.serves_clients and n:
             context = max(f.decode_context, 1.0)
-            itl = self.itl_s
-            if pool is Pool.DECODE and not local and self.decode_floor_itl_s is not None:
-                itl = self.decode_floor_itl_s
+            itl = self.itl_s if computes_prompts or self.decode_floor_itl_s is None else self.decode_floor_itl_s
             batch = max(1, self.profile.decode_batch_within(itl, context, c.decode_factor))
             usage_at_target = min(1.0, batch * context / self.profile.kv_tokens)
             out = replicas_for(n * state.kv_usage / usage_at_target)
             why.append(f"kv usage {state.kv_usage:.2f} (target {usage_at_target:.2f})")
-        if (pool is not Pool.DECODE or local) and state.pending:
+        if computes_prompts and state.pending:
             s = self.prefill_service_s(max(f.isl, 1.0), c)
             out = max(out, replicas_for(state.pending * s / self.ttft_s))
             why.append(f"{state.pending} prompts waiting")
